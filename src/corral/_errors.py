@@ -1,0 +1,169 @@
+"""The exceptions corral raises.
+
+Every error a user may want to catch is defined here, so that one import
+answers "what can go wrong?".  The most important one is
+:class:`ProcessFailed`: it is how a failing child makes itself heard.  It
+subclasses :class:`subprocess.CalledProcessError`, so code that already
+handles failures of :func:`subprocess.run` keeps working, and it carries
+what you need to understand the failure without digging through logs: the
+process's name, its exit code or the signal that killed it, and the last few
+kilobytes of what it wrote to stderr.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Sequence
+
+__all__ = [
+    "CorralError",
+    "HandshakeError",
+    "StartupFailed",
+    "ProcessFailed",
+    "ResourceLimitError",
+    "WrongLoopError",
+]
+
+#: How much of a failed child's stderr a :class:`ProcessFailed` keeps.
+STDERR_TAIL_BYTES = 4096
+
+
+class CorralError(Exception):
+    """Base class of the errors that are corral's own."""
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class ProcessFailed(subprocess.CalledProcessError, CorralError):
+    """A managed child exited with a non-zero code or was killed by a signal.
+
+    Raised out of the runner's ``async with`` block (inside an
+    :class:`ExceptionGroup`, as task groups do, so catch it with
+    ``except* corral.ProcessFailed``) when a child started with
+    ``check=True`` fails, and directly by :meth:`Runner.run` when the child it
+    waited for fails.
+
+    Attributes:
+        name: the process's name within its runner.
+        pid: its process id.
+        returncode: the exit code; negative (``-signum``) if a signal killed it,
+            as in :mod:`subprocess`.
+        signal: the :class:`signal.Signals` that killed it, or ``None``.
+        cmd: the argument vector it was started with.
+        stderr: the last :data:`STDERR_TAIL_BYTES` bytes it wrote to stderr
+            (``b""`` when stderr was not captured).
+    """
+
+    def __init__(
+        self,
+        returncode: int,
+        cmd: Sequence[str],
+        *,
+        name: str,
+        pid: int,
+        stderr: bytes = b"",
+    ) -> None:
+        super().__init__(returncode, list(cmd), output=None, stderr=stderr)
+        self.name = name
+        self.pid = pid
+        self.signal: signal.Signals | None = None
+        if returncode < 0:
+            try:
+                self.signal = signal.Signals(-returncode)
+            except ValueError:
+                self.signal = None
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Exceptions pickle through ``self.args``; ours take keyword-only
+        # arguments, so spell the round trip out.
+        return (
+            _rebuild_process_failed,
+            (self.returncode, self.cmd, self.name, self.pid, self.stderr),
+        )
+
+    @property
+    def reason(self) -> str:
+        """``"exited with code 3"`` or ``"was killed by SIGKILL"``."""
+        if self.returncode < 0:
+            return f"was killed by {_signal_name(-self.returncode)}"
+        return f"exited with code {self.returncode}"
+
+    def __str__(self) -> str:
+        text = f"process {self.name!r} (pid {self.pid}) {self.reason}"
+        tail = self.stderr_text.rstrip()
+        if tail:
+            lines = tail.splitlines()[-10:]
+            text += "; last stderr lines:\n" + "\n".join("  " + line for line in lines)
+        return text
+
+    @property
+    def stderr_text(self) -> str:
+        """The stderr tail decoded as UTF-8 (undecodable bytes replaced)."""
+        data = self.stderr or b""
+        if isinstance(data, str):
+            return data
+        return bytes(data).decode("utf-8", "replace")
+
+
+def _rebuild_process_failed(
+    returncode: int, cmd: Sequence[str], name: str, pid: int, stderr: bytes
+) -> ProcessFailed:
+    return ProcessFailed(returncode, cmd, name=name, pid=pid, stderr=stderr)
+
+
+class StartupFailed(ProcessFailed):
+    """A child started with ``wait_started=True`` exited before reporting that it started.
+
+    Raised by :meth:`Runner.start`.  Like every :class:`ProcessFailed` it
+    carries the exit status and the tail of the child's stderr; the exit
+    code may even be 0 — what failed is the start.
+    """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_startup_failed,
+            (self.returncode, self.cmd, self.name, self.pid, self.stderr),
+        )
+
+    @property
+    def reason(self) -> str:
+        return super().reason + " before reporting that it started"
+
+
+def _rebuild_startup_failed(
+    returncode: int, cmd: Sequence[str], name: str, pid: int, stderr: bytes
+) -> StartupFailed:
+    return StartupFailed(returncode, cmd, name=name, pid=pid, stderr=stderr)
+
+
+class HandshakeError(CorralError, ValueError):
+    """A child's start-up report was not one line of valid JSON.
+
+    The message names the process and quotes the start of what it wrote.
+    The child has been stopped when this is raised.
+    """
+
+
+class WrongLoopError(CorralError, RuntimeError):
+    """A runner or process was touched from a thread or event loop it does not belong to.
+
+    Runners and processes belong to the event loop that opened the runner.
+    From another thread, go through the runner's token instead::
+
+        r.token.run_sync(r.cancel)
+        r.token.run(proc.terminate)
+    """
+
+
+class ResourceLimitError(CorralError, OSError):
+    """A child could not be started because a system resource limit is exhausted.
+
+    Raised by :meth:`Runner.start` before anything was spawned, so no
+    half-started child is ever left behind.
+    """
