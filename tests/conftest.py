@@ -1,0 +1,124 @@
+"""Shared test fixtures.
+
+Every async test runs on both backends through AnyIO's pytest plugin (the
+``anyio_backend`` fixture below); Trio-only tests use pytest-trio's
+``@pytest.mark.trio``.  Nothing is mocked: the tests start real processes
+and look at the real process table.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+
+import pytest
+
+TAG_VAR = "CORRAL_TEST_TAG"
+
+
+@pytest.fixture(scope="module", params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    # Module scope, so that Hypothesis tests can use it too.
+    return str(request.param)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """In CI a skipped test is a failed test: every real part must be there."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, which must run every test: {report.longrepr}"
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose environment carries ``CORRAL_TEST_TAG=tag``."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state = stat[stat.rfind(b")") + 2 :].split()[0]
+        if state in (b"Z", b"X"):
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group ``pgid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Block until every pid has exited (via pidfds, no polling); return those still alive."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        remaining = set(fds)
+        while remaining:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for fd, _ in poller.poll(left * 1000):
+                remaining.discard(fd)
+                poller.unregister(fd)
+        return [fds[fd] for fd in remaining]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    """A unique tag; pass ``env={TAG_VAR: tag}`` to children and check none outlives the test."""
+    value = uuid.uuid4().hex
+    yield value
+    leftovers = tagged_pids(value)
+    for pid in leftovers:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    assert not leftovers, f"processes outlived the test: {leftovers}"

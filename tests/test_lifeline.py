@@ -1,0 +1,87 @@
+"""No orphans when the launcher dies, and no child dies early while it lives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import anyio
+import anyio.to_thread
+import pytest
+from tests.conftest import TAG_VAR, group_members, is_alive, wait_gone
+
+import corral
+
+LAUNCHER = textwrap.dedent(
+    """
+    import sys, anyio, corral
+
+    async def main():
+        env = {"%(tag_var)s": sys.argv[2]}
+        async with corral.open_runner(console=False) as r:
+            for _ in range(3):
+                await r.start(["sh", "-c", "sleep 1000 & sleep 1000 & echo 1 >&3; wait"],
+                              env=env, wait_started=True)
+            await r.start([sys.executable, "-c", "import corral.child, time; "
+                           "corral.child.started(); time.sleep(1000)"], env=env,
+                          wait_started=True)
+            print(" ".join(str(p.pid) for p in r.processes), flush=True)
+            await anyio.sleep_forever()
+
+    anyio.run(main, backend=sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_children_and_grandchildren_die_with_a_sigkilled_launcher(backend: str, tag: str) -> None:
+    script = LAUNCHER % {"tag_var": TAG_VAR}
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", script, backend, tag], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert launcher.stdout is not None
+        groups = [int(pid) for pid in launcher.stdout.readline().split()]
+        # Three sh, six sleeps (forked before each sh reported), one Python child.
+        pids = [pid for pgid in groups for pid in group_members(pgid)]
+        assert len(pids) == 10
+        launcher.kill()
+        launcher.wait()
+        killed_at = time.monotonic()
+        assert wait_gone(pids, timeout=1.0) == []
+        assert time.monotonic() - killed_at < 1.0
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_lifeline_exits_with_the_runner() -> None:
+    async def main() -> int:
+        async with corral.open_runner(console=False) as r:
+            pid = r._lifeline.pid
+            assert pid is not None and is_alive(pid)
+        return pid
+
+    pid = anyio.run(main)
+    assert not is_alive(pid)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.anyio
+async def test_early_child_outlives_idle_worker_threads(tag: str) -> None:
+    """PR_SET_PDEATHSIG would kill this child when the spawning thread retires (~10 s idle)."""
+    async with corral.open_runner(console=False) as r:
+        p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+        await anyio.sleep(11)
+        # On asyncio an idle worker thread retires only when the next call arrives.
+        await anyio.to_thread.run_sync(os.getpid)
+        await anyio.sleep(4)
+        assert p.returncode is None
+        assert is_alive(p.pid)
+        await p.terminate()
+    assert p.returncode == -signal.SIGTERM

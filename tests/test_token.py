@@ -1,0 +1,112 @@
+"""The one explicit loop token, and WrongLoopError for everyone who ignores it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import anyio
+import anyio.to_thread
+import pytest
+import trio
+from tests.conftest import TAG_VAR
+
+import corral
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_token_is_captured_on_entry(anyio_backend: str) -> None:
+    r = corral.open_runner(console=False)
+    with pytest.raises(RuntimeError, match="not been entered"):
+        r.token  # noqa: B018
+    async with r:
+        assert isinstance(r.token, corral.LoopToken)
+        assert r.token.backend == anyio_backend
+        assert r.token.native == anyio.lowlevel.current_token()
+
+
+async def test_token_calls_back_into_the_loop_from_a_thread(tag: str) -> None:
+    async with corral.open_runner(console=False) as r:
+        loop_thread = threading.get_ident()
+
+        def in_thread() -> tuple[int, int, int | None]:
+            proc = r.token.run(r.start, ["sleep", "1000"])
+            where = r.token.run_sync(threading.get_ident)
+            code = r.token.run(proc.terminate)
+            return where, len(r.token.run_sync(lambda: r.processes)), code
+
+        where, count, code = await anyio.to_thread.run_sync(in_thread)
+        assert where == loop_thread
+        assert count == 0
+        assert code == -15
+
+
+async def test_foreign_thread_gets_wrong_loop_error_at_once(tag: str) -> None:
+    async with corral.open_runner(console=False) as r:
+        p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+        errors: list[BaseException] = []
+
+        def in_thread() -> None:
+            for call in (p.kill, r.cancel, lambda: p.send_signal(9)):
+                try:
+                    call()
+                except corral.WrongLoopError as exc:
+                    errors.append(exc)
+
+        await anyio.to_thread.run_sync(in_thread)
+        assert len(errors) == 3
+        assert "r.token" in str(errors[0])
+        assert p.returncode is None  # nothing happened to it
+        await p.terminate()
+
+
+async def test_token_run_on_the_loop_thread_refuses_instead_of_deadlocking() -> None:
+    async with corral.open_runner(console=False) as r:
+        with pytest.raises(corral.WrongLoopError, match="deadlock"):
+            r.token.run_sync(lambda: None)
+
+
+async def test_other_event_loop_gets_wrong_loop_error(anyio_backend: str, tag: str) -> None:
+    async with corral.open_runner(console=False) as r:
+        p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+        result: list[BaseException | None] = []
+
+        async def elsewhere() -> None:
+            try:
+                await p.wait()
+            except corral.WrongLoopError as exc:
+                result.append(exc)
+            else:
+                result.append(None)
+
+        def other_loop() -> None:
+            # Another loop, on another backend too, in its own thread.
+            if anyio_backend == "trio":
+                asyncio.run(elsewhere())
+            else:
+                trio.run(elsewhere)
+
+        await anyio.to_thread.run_sync(other_loop)
+        assert isinstance(result[0], corral.WrongLoopError)
+        await p.terminate()
+
+
+def test_same_thread_later_loop_gets_wrong_loop_error() -> None:
+    saved: list[corral.Process] = []
+
+    async def first() -> None:
+        async with corral.open_runner(console=False) as r:
+            saved.append(await r.run(["true"]))
+
+    async def second() -> None:
+        with pytest.raises(corral.WrongLoopError, match="another event loop"):
+            await saved[0].wait()
+
+    anyio.run(first)
+    anyio.run(second)
+
+
+def test_no_loop_at_all() -> None:
+    with pytest.raises(corral.WrongLoopError):
+        corral.LoopToken.current()
