@@ -1,0 +1,93 @@
+"""A small asyncio application that runs helper processes with corral.
+
+The same job as ``trio_app.py``, written the way an asyncio program is: the
+same corral calls work unchanged under ``asyncio.run``.
+
+1. start a web server child and wait until it reports the port it bound;
+2. fetch a page from it;
+3. run a "build step" to completion, and a "lint step" whose failure we expect;
+4. stop the server;
+5. show how a failing child surfaces: as ``ProcessFailed`` out of the runner,
+   after its siblings were stopped.
+
+Run it with ``python examples/asyncio_app.py``.  Lines printed by the children
+appear on stderr with a ``HH:MM:SS source |`` prefix; the program's own
+report goes to stdout.
+"""
+
+import asyncio
+import sys
+
+import corral
+
+# The web server: binds a free port, tells the launcher which one, then serves.
+SERVER = """
+import http.server, os
+import corral.child
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the web child"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+server = http.server.HTTPServer(("127.0.0.1", 0), Hello)
+corral.child.started({"port": server.server_address[1]})
+server.serve_forever()
+"""
+
+BUILD = "print('compiling...'); print('linking...'); print('build ok')"
+LINT = "import sys; print('3 style errors', file=sys.stderr); sys.exit(3)"
+CRASH = "import sys; print('error: out of coffee', file=sys.stderr); sys.exit(2)"
+
+PYTHON = sys.executable
+
+
+async def fetch(port: int) -> str:
+    """GET / from 127.0.0.1:port with plain asyncio streams; return the body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+    response = await reader.read()  # HTTP/1.0: the server closes when done
+    writer.close()
+    await writer.wait_closed()
+    return response.partition(b"\r\n\r\n")[2].decode()
+
+
+async def main() -> None:
+    async with corral.open_runner(name="app", grace=2.0) as r:
+        # wait_started=True: start() returns once the child has called
+        # corral.child.started(...), with the value in started_value.
+        web = await r.start([PYTHON, "-c", SERVER], name="web", wait_started=True, start_timeout=30)
+        port = web.started_value["port"]
+        print(f"web: listening on port {port} (pid {web.pid})")
+        print(f"web: GET / -> {await fetch(port)!r}")
+
+        # run() = start + wait.  It raises ProcessFailed itself on failure...
+        build = await r.run([PYTHON, "-c", BUILD], name="build")
+        print(f"build: exited with code {build.returncode}")
+        # ...unless check=False, which just returns the finished process.
+        lint = await r.run([PYTHON, "-c", LINT], name="lint", check=False)
+        print(f"lint: exited with code {lint.returncode} (check=False, so not an error)")
+
+        # Stop signal to the server's process group, up to grace, then SIGKILL.
+        code = await web.terminate()
+        print(f"web: stopped, return code {code}")
+
+    # A started child that fails takes the runner down: its siblings are
+    # stopped and the failure comes out of the block in an ExceptionGroup.
+    try:
+        async with corral.open_runner(name="pipeline", grace=2.0) as r:
+            await r.start(["sleep", "30"], name="worker")
+            await r.start([PYTHON, "-c", CRASH], name="step")
+    except* corral.ProcessFailed as group:
+        for failure in group.exceptions:
+            assert isinstance(failure, corral.ProcessFailed)
+            print(f"caught ProcessFailed: {failure.name} {failure.reason}")
+            print(f"  its stderr tail: {failure.stderr_text.strip()!r}")
+    print("done: every child has exited")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,177 @@
+"""Every example runs as ``python examples/X.py``, exits 0 and prints what it promises.
+
+The examples are found with a glob, so a new ``examples/*.py`` is run here
+without touching this file.  List the lines it must print in ``EXPECTED`` to
+check its output as well; an example that is not listed must still exit 0,
+print something and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tests.conftest import TAG_VAR
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+#: Seconds an example may take (below pytest-timeout's, so this one reports).
+TIMEOUT = 45
+
+_APP_STDOUT = [
+    r"web: listening on port \d+ \(pid \d+\)",
+    r"web: GET / -> 'hello from the web child'",
+    r"build: exited with code 0",
+    r"lint: exited with code 3 \(check=False, so not an error\)",
+    r"web: stopped, return code -15",
+    r"caught ProcessFailed: step exited with code 2",
+    r"  its stderr tail: 'error: out of coffee'",
+    r"done: every child has exited",
+]
+# Child output reaches the console (stderr) with a "HH:MM:SS source |" prefix.
+_APP_STDERR = [
+    r"\d\d:\d\d:\d\d app\.build \| build ok",
+    r"\d\d:\d\d:\d\d pipeline\.step \| error: out of coffee",
+]
+
+#: Per example: regular expressions that must match whole lines, in this order
+#: (other lines may come between them), on stdout and on stderr.
+EXPECTED: dict[str, dict[str, list[str]]] = {
+    "trio_app.py": {"stdout": _APP_STDOUT, "stderr": _APP_STDERR},
+    "asyncio_app.py": {"stdout": _APP_STDOUT, "stderr": _APP_STDERR},
+    "handshake.py": {
+        "stdout": [
+            r"worker reported run id [0-9a-f]{8} and keeps working",
+            r"worker has done 3 steps; stopping it",
+            r"worker stopped, return code -15",
+            r"shell child reported \{'port': 8080\}",
+            r"caught StartupFailed: broken exited with code 1 before reporting that it started",
+            r"  its stderr tail: 'no config file'",
+            r"done: every child has exited",
+        ],
+        "stderr": [
+            r"\d\d:\d\d:\d\d demo\.worker \| step 1 of run [0-9a-f]{8}",
+            r"\d\d:\d\d:\d\d demo\.worker \| step 3 of run [0-9a-f]{8}",
+        ],
+    },
+    "from_thread.py": {
+        "stdout": [
+            r"calling r\.cancel\(\) from a thread raised WrongLoopError",
+            r"r\.token\.run\(r\.run, \.\.\.\) finished 'step' with code 0",
+            r"r\.token\.run_sync sees these children running: \['server'\]",
+            r"r\.token\.run\(server\.terminate\) stopped the server, return code -15",
+            r"done: every child has exited",
+        ],
+        "stderr": [r"\d\d:\d\d:\d\d threads\.step \| step output"],
+    },
+}
+
+
+def run_example(path: Path, tag: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1", TAG_VAR: tag}
+    return subprocess.run(
+        [sys.executable, str(path.relative_to(ROOT))],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def assert_lines_in_order(text: str, patterns: list[str], what: str) -> None:
+    lines = text.splitlines()
+    position = 0
+    for pattern in patterns:
+        for index in range(position, len(lines)):
+            if re.fullmatch(pattern, lines[index]):
+                position = index + 1
+                break
+        else:
+            pytest.fail(f"no line of {what} after line {position} matches {pattern!r}:\n{text}")
+
+
+def describe(result: subprocess.CompletedProcess[str]) -> str:
+    return f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES} >= {
+        "trio_app.py",
+        "asyncio_app.py",
+        "handshake.py",
+    }
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example(path: Path, tag: str) -> None:
+    # The ``tag`` fixture marks every process the example starts and fails
+    # the test if any of them is still alive afterwards.
+    result = run_example(path, tag)
+    assert result.returncode == 0, (
+        f"{path.name} exited with code {result.returncode}\n{describe(result)}"
+    )
+    assert result.stdout.strip(), f"{path.name} printed nothing on stdout\n{describe(result)}"
+    assert "Traceback (most recent call last)" not in result.stderr, describe(result)
+    for stream, patterns in EXPECTED.get(path.name, {}).items():
+        assert_lines_in_order(getattr(result, stream), patterns, f"{path.name}'s {stream}")
+
+
+def test_trio_and_asyncio_apps_do_the_same_job(tag: str) -> None:
+    """Both apps print the same report, up to pids and port numbers."""
+
+    def report(name: str) -> list[str]:
+        result = run_example(ROOT / "examples" / name, tag)
+        assert result.returncode == 0, describe(result)
+        return [re.sub(r"\d+", "N", line) for line in result.stdout.splitlines()]
+
+    assert report("trio_app.py") == report("asyncio_app.py")
+
+
+# -- complete programs in the documentation ---------------------------------------------
+
+#: Pages whose complete programs (``python`` code blocks that call ``anyio.run``,
+#: ``trio.run`` or ``asyncio.run``) must run as they are.
+DOC_PAGES = ["tutorial.rst", "howto/handshake.rst", "howto/embedding.rst", "howto/limits.rst"]
+
+_CODE_BLOCK = re.compile(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", re.MULTILINE)
+_MAIN_CALL = re.compile(r"^(anyio|trio|asyncio)\.run\(", re.MULTILINE)
+
+
+def doc_programs() -> list[tuple[str, str]]:
+    programs = []
+    for page in DOC_PAGES:
+        text = (ROOT / "docs" / page).read_text()
+        blocks = [textwrap.dedent(b) for b in _CODE_BLOCK.findall(text)]
+        numbered = [b for b in blocks if _MAIN_CALL.search(b)]
+        programs += [(f"{page}#{n}", code) for n, code in enumerate(numbered, 1)]
+    return programs
+
+
+def test_docs_have_programs() -> None:
+    assert len(doc_programs()) >= 10
+
+
+@pytest.mark.parametrize(("where", "code"), doc_programs(), ids=[w for w, _ in doc_programs()])
+def test_doc_program(where: str, code: str, tag: str, tmp_path: Path) -> None:
+    script = tmp_path / "program.py"
+    script.write_text(code)
+    env = {**os.environ, "NO_COLOR": "1", TAG_VAR: tag}
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"{where} exited with {result.returncode}\n{describe(result)}"
+    assert result.stdout.strip(), f"{where} printed nothing\n{describe(result)}"
