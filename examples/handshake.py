@@ -44,7 +44,7 @@ class StepCounter(logging.Handler):
     """Counts the worker's "step" lines and sets ``enough`` once it has seen ``wanted``."""
 
     def __init__(self, wanted: int) -> None:
-        super().__init__()
+        super().__init__(logging.INFO)
         self.wanted = wanted
         self.seen = 0
         self.enough = anyio.Event()
@@ -61,8 +61,8 @@ class StepCounter(logging.Handler):
 
 async def main() -> None:
     counter = StepCounter(wanted=3)
-    # Route: this handler only receives the records of the source "demo.worker".
-    route = corral.Route(counter, pattern="demo.worker")
+    # Route: this handler only receives the records of the process "worker".
+    route = corral.Route(counter, pattern="worker")
     async with corral.open_runner(name="demo", grace=2.0, handlers=[route]) as r:
         counter.token = r.token
 

@@ -22,8 +22,8 @@ PY = sys.executable
 
 
 class ListHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:

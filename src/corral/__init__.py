@@ -13,10 +13,12 @@ See the documentation for the tutorial and the guarantees.
 """
 
 from ._errors import (
+    STDERR_TAIL_BYTES,
     CorralError,
     HandshakeError,
     ProcessFailed,
     ResourceLimitError,
+    Signalled,
     StartupFailed,
     WrongLoopError,
 )
@@ -26,6 +28,7 @@ from ._runner import Runner, open_runner
 from ._token import LoopToken
 
 __all__ = [
+    "STDERR_TAIL_BYTES",
     "ConsoleHandler",
     "CorralError",
     "LoopToken",
@@ -35,6 +38,7 @@ __all__ = [
     "ResourceLimitError",
     "Route",
     "Runner",
+    "Signalled",
     "StartupFailed",
     "WrongLoopError",
     "open_runner",

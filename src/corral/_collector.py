@@ -21,17 +21,23 @@ collector sits between them:
 from __future__ import annotations
 
 import logging
+import sys
+import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.to_thread
 
 __all__ = ["Collector"]
 
-#: Records waiting for the handlers may add up to this many bytes of text
-#: before producers are made to wait.
+#: Records waiting for the handlers may add up to this many (estimated)
+#: bytes before producers are made to wait.
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+
+#: What a queued record costs beyond its text: the LogRecord object and its
+#: attribute dictionary.
+RECORD_OVERHEAD = 600
 
 
 class Collector:
@@ -42,48 +48,55 @@ class Collector:
         dispatch: Callable[[list[logging.LogRecord]], None],
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        min_level: float = 0,
     ) -> None:
+        #: Records below this level would reach no handler: producers skip
+        #: building them at all.
+        self.min_level = min_level
         self._dispatch = dispatch
         self._max_bytes = max_bytes
-        self._queue: deque[logging.LogRecord] = deque()
+        self._chunks: deque[tuple[Sequence[logging.LogRecord], int]] = deque()
         self._queued_bytes = 0
-        self._sizes: deque[int] = deque()
+        self._queued_chunks = 0  # chunks ever queued
+        self._handled_chunks = 0  # chunks ever handled
         self._data = anyio.Event()
         self._space = anyio.Event()
+        self._progress = anyio.Event()
         self._closed = False
-        self._idle = anyio.Event()
-        self._idle.set()
 
     @property
     def queued_bytes(self) -> int:
-        """Bytes of records waiting for the handlers (for tests and monitoring)."""
+        """Estimated bytes of the records waiting for the handlers."""
         return self._queued_bytes
 
-    async def put(self, records: Iterable[logging.LogRecord], size: int) -> None:
-        """Queue ``records`` (about ``size`` bytes in all), waiting while the queue is full."""
+    async def put(self, records: Sequence[logging.LogRecord], size: int) -> None:
+        """Queue ``records`` (``size`` bytes of text), waiting while the queue is full."""
         while self._queued_bytes >= self._max_bytes and not self._closed:
             if self._space.is_set():
                 self._space = anyio.Event()
             await self._space.wait()
         self.put_nowait(records, size)
 
-    def put_nowait(self, records: Iterable[logging.LogRecord], size: int = 0) -> None:
+    def put_nowait(self, records: Sequence[logging.LogRecord], size: int = 0) -> None:
         """Queue ``records`` without waiting (for the runner's own, rare records)."""
-        before = len(self._queue)
-        self._queue.extend(records)
-        added = len(self._queue) - before
-        if not added:
+        if not records:
             return
-        self._sizes.append(size)
-        self._queue.append(_BATCH_END)  # marks where this put's size is accounted
-        self._queued_bytes += size
-        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        cost = size + RECORD_OVERHEAD * len(records)
+        self._chunks.append((records, cost))
+        self._queued_bytes += cost
+        self._queued_chunks += 1
         self._data.set()
 
-    async def flushed(self) -> None:
-        """Wait until every record queued so far has been handled."""
-        while self._queue or not self._idle.is_set():
-            await self._idle.wait()
+    def mark(self) -> int:
+        """A position in the queue: everything queued so far."""
+        return self._queued_chunks
+
+    async def wait_handled(self, mark: int) -> None:
+        """Wait until everything queued before ``mark`` was taken was handled."""
+        while self._handled_chunks < mark:
+            if self._progress.is_set():
+                self._progress = anyio.Event()
+            await self._progress.wait()
 
     def close(self) -> None:
         """No more records will come; the consumer ends once the queue is empty."""
@@ -96,32 +109,25 @@ class Collector:
 
         Runs shielded from cancellation: records already queued are always
         delivered.  It returns once :meth:`close` was called and the queue is
-        empty.
+        empty.  A handler that raises is reported on stderr (as
+        :meth:`logging.Handler.handleError` does) and does not stop delivery.
         """
         with anyio.CancelScope(shield=True):
             while True:
-                if not self._queue:
-                    self._idle.set()
+                if not self._chunks:
                     if self._closed:
                         return
                     self._data = anyio.Event()
                     await self._data.wait()
                     continue
-                batch: list[logging.LogRecord] = []
-                freed = 0
-                queue = self._queue
-                while queue:
-                    record = queue.popleft()
-                    if record is _BATCH_END:
-                        freed += self._sizes.popleft()
-                    else:
-                        batch.append(record)
-                if batch:
+                chunks = self._chunks
+                self._chunks = deque()
+                batch = [record for records, _ in chunks for record in records]
+                try:
                     await anyio.to_thread.run_sync(self._dispatch, batch)
-                self._queued_bytes -= freed
+                except Exception:
+                    traceback.print_exc(file=sys.stderr)
+                self._queued_bytes -= sum(cost for _, cost in chunks)
+                self._handled_chunks += len(chunks)
                 self._space.set()
-
-
-# A sentinel record separating puts inside the queue, so that the bytes of a
-# put are released only once all of its records have been handled.
-_BATCH_END = logging.LogRecord("corral.batch", 0, "", 0, "", None, None)
+                self._progress.set()

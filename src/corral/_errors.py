@@ -22,6 +22,7 @@ __all__ = [
     "StartupFailed",
     "ProcessFailed",
     "ResourceLimitError",
+    "Signalled",
     "WrongLoopError",
 ]
 
@@ -167,3 +168,27 @@ class ResourceLimitError(CorralError, OSError):
     Raised by :meth:`Runner.start` before anything was spawned, so no
     half-started child is ever left behind.
     """
+
+
+class Signalled(BaseException):
+    """The launcher received SIGTERM or SIGHUP while a runner was handling signals.
+
+    Raised out of the runner's ``async with`` (for SIGINT the runner raises
+    :class:`KeyboardInterrupt` instead) after the signal was forwarded to
+    every child and every child has exited.  Like :class:`KeyboardInterrupt`
+    it derives from :class:`BaseException`, not :class:`Exception`: it is a
+    request to stop, and an ``except Exception`` meant for errors must not
+    swallow it.  It may come wrapped in a :class:`BaseExceptionGroup` (when
+    the runner ran inside a task group, or a child failed as well); catch it
+    with ``except* corral.Signalled``, which handles both forms.
+
+    Attributes:
+        signal: the :class:`signal.Signals` that was received.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signal = signal.Signals(signum)
+        super().__init__(f"received {self.signal.name}; every child was stopped")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Signalled, (int(self.signal),))

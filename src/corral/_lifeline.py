@@ -83,7 +83,7 @@ class Lifeline:
         try:
             devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
             try:
-                env = {"PATH": os.environ.get("PATH", os.defpath)}
+                env = {b"PATH": os.environb.get(b"PATH", os.defpath.encode())}
                 self._pid = _platform.spawn(
                     [sys.executable, "-I", "-S", "-c", _HELPER],
                     env=env,

@@ -71,7 +71,7 @@ FD_PER_CHILD = 3
 _CHDIR_SHIM = 'cd -- "$1" || exit 126; shift; exec "$@"'
 
 
-def _resolve(program: str, env: Mapping[str, str], cwd: str | None) -> str:
+def _resolve(program: str, env: Mapping[bytes, bytes], cwd: str | None) -> str:
     """Find ``program`` the way ``execvp`` would, raising as :mod:`subprocess` does."""
     if os.sep in program:
         path = program if cwd is None else os.path.join(cwd, program)
@@ -80,7 +80,8 @@ def _resolve(program: str, env: Mapping[str, str], cwd: str | None) -> str:
         if not os.access(path, os.X_OK) or os.path.isdir(path):
             raise PermissionError(errno.EACCES, "Permission denied", program)
         return program
-    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    search = env.get(b"PATH")
+    found = shutil.which(program, path=os.fsdecode(search) if search is not None else os.defpath)
     if found is None:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
     return found
@@ -89,7 +90,7 @@ def _resolve(program: str, env: Mapping[str, str], cwd: str | None) -> str:
 def spawn(
     argv: Sequence[str],
     *,
-    env: Mapping[str, str],
+    env: Mapping[bytes, bytes],
     cwd: str | None,
     fds: Mapping[int, int],
 ) -> int:
@@ -103,7 +104,9 @@ def spawn(
     executable) are raised here, before anything has been spawned.
 
     This call blocks for the few hundred microseconds a ``vfork``-style
-    spawn takes, so the runner calls it from a worker thread.
+    spawn takes.  CPython holds the GIL throughout ``os.posix_spawn``, so a
+    worker thread would stall the event loop just as long; the runner calls
+    it on the loop thread, one child at a time, and yields in between.
     """
     if not argv:
         raise ValueError("argv must name a program")

@@ -31,11 +31,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from . import _platform
 from ._errors import HandshakeError, ProcessFailed, StartupFailed
 from ._handshake import HandshakeReader
-from ._streams import PipeReader, make_record
+from ._streams import TAIL_BACKLOG, PipeReader, Tails, make_record
 
 if TYPE_CHECKING:
     from ._runner import Runner
@@ -96,6 +97,9 @@ class Process:
         self._done = anyio.Event()
         self._stop_requested = False
         self._reaped = False
+        self._tails = Tails(TAIL_BACKLOG)
+        for reader in readers:
+            reader.tails = self._tails
         self._started_at = time.monotonic() if started_at is None else started_at
         self._duration: float | None = None
         self._handshake = handshake
@@ -120,7 +124,7 @@ class Process:
 
     @property
     def source(self) -> str:
-        """The dotted log source of this child: ``<runner name>.<process name>``."""
+        """The dotted log source of this child, ``<runner name>.<process name>``."""
         return f"{self._runner.name}.{self._name}"
 
     @property
@@ -154,6 +158,24 @@ class Process:
         return f"<corral.Process {self._name!r} pid={self._pid} {state}>"
 
     # -- what a user does -------------------------------------------------------------
+
+    def logs(self, *, buffer: int = 1024) -> MemoryObjectReceiveStream[logging.LogRecord]:
+        """Tail this child's log records live: ``async for record in proc.logs(): ...``.
+
+        Yields the records of this source — stdout and stderr lines and, for
+        children connected with :func:`corral.child.connect`, their
+        :mod:`logging` records — starting with the last 256 already written
+        (so a tail opened right after :meth:`Runner.start` misses nothing),
+        then live as they arrive, and ends after the last one once the child
+        has exited.  Records go to the runner's handlers as well; a tail sees
+        them independently.
+
+        A tail that falls more than ``buffer`` records behind slows the child
+        down (backpressure) rather than dropping records: keep reading, or
+        close it (``async with proc.logs() as records:`` does) when done.
+        """
+        self._token.check("Process.logs")
+        return self._tails.open(buffer)
 
     async def wait(self) -> int:
         """Wait until the child has exited and all its output was delivered; return its code.
@@ -266,6 +288,8 @@ class Process:
                     self._leader_exited.set()
                     for reader in self._readers:
                         reader.finish()
+                    # Its logging connections end with it: read them to the end.
+                    await self._runner._drain_logs(self)
                     if self._handshake_scope is not None:
                         self._handshake_scope.cancel()
             finally:
@@ -285,6 +309,11 @@ class Process:
                 self._leader_exited.set()
             self._returncode = status
             self._runner._process_exited(self)
+            self._tails.close()
+            # Every line the child wrote is queued; wait until the handlers
+            # have it too, so that wait() returning means "all written".
+            collector = self._runner._collector
+            await collector.wait_handled(collector.mark())
             self._done.set()
 
     async def _read_handshake(self) -> None:

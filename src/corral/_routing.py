@@ -15,11 +15,12 @@ import logging
 import os
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["ConsoleHandler", "Route", "Router", "source_of"]
+__all__ = ["ConsoleHandler", "LogFiles", "Route", "Router", "source_of"]
 
 
 def source_of(record: logging.LogRecord) -> str:
@@ -30,35 +31,182 @@ def source_of(record: logging.LogRecord) -> str:
 
 @dataclass(frozen=True)
 class Route:
-    """A handler and the sources it receives (shell-style glob on the source name)."""
+    """Send the records of some sources to a :class:`logging.Handler`.
+
+    ``pattern`` is a shell-style glob matched against the source *within
+    the runner*: the process name (``"web"``, ``"train-*"``) or, for workers
+    of a launch, ``"agent-<i>.worker-<j>"`` (``"agent-*.worker-0"``).  The
+    runner's own lifecycle records have the empty name, which only ``"*"``
+    matches.  ``level`` overrides the handler's own level; with neither set,
+    the root logger's level applies, as it would for a handler on the root.
+    """
 
     handler: logging.Handler
     pattern: str = "*"
-
-    def matches(self, record: logging.LogRecord) -> bool:
-        if record.levelno < self.handler.level:
-            return False
-        return self.pattern == "*" or fnmatch.fnmatchcase(source_of(record), self.pattern)
+    level: int | None = None
 
 
 class Router:
-    """Calls the matching handlers for each record of a batch."""
+    """Calls the matching handlers for each record of a batch (on a worker thread)."""
 
-    def __init__(self, routes: Sequence[Route]) -> None:
-        self.routes = list(routes)
+    def __init__(
+        self, runner_name: str, routes: Sequence[Route], *, propagate: bool = False
+    ) -> None:
+        self._prefix = runner_name + "."
+        self._runner_name = runner_name
+        root_level = logging.getLogger().getEffectiveLevel()
+        self._routes = [
+            (route.handler, route.pattern, _effective_level(route, root_level)) for route in routes
+        ]
+        self._propagate = propagate
+
+    @property
+    def handlers(self) -> list[logging.Handler]:
+        return [handler for handler, _, _ in self._routes]
+
+    @property
+    def min_level(self) -> float:
+        """The lowest level any destination takes: producers skip records below it."""
+        if self._propagate:
+            return 0
+        return min((level for _, _, level in self._routes), default=float("inf"))
+
+    def relative(self, source: str) -> str:
+        if source.startswith(self._prefix):
+            return source[len(self._prefix) :]
+        return "" if source == self._runner_name else source
 
     def dispatch(self, batch: list[logging.LogRecord]) -> None:
-        routes = self.routes
+        routes = self._routes
         for record in batch:
-            for route in routes:
-                if route.matches(record):
-                    route.handler.handle(record)
-        for route in routes:
-            route.handler.flush()
+            level = record.levelno
+            rel: str | None = None
+            for handler, pattern, min_level in routes:
+                if level < min_level:
+                    continue
+                if pattern != "*":
+                    if rel is None:
+                        rel = self.relative(source_of(record))
+                    if not fnmatch.fnmatchcase(rel, pattern):
+                        continue
+                try:
+                    handler.handle(record)
+                except Exception:
+                    # One broken handler must not cost the others their records.
+                    handler.handleError(record)
+            if self._propagate:
+                logging.getLogger(source_of(record)).handle(record)
+        for handler, _, _ in routes:
+            handler.flush()
 
     def close(self) -> None:
-        for route in self.routes:
-            route.handler.close()
+        for handler, _, _ in self._routes:
+            handler.flush()
+            handler.close()
+
+
+def _effective_level(route: Route, root_level: int) -> int:
+    if route.level is not None:
+        return route.level
+    if route.handler.level != logging.NOTSET:
+        return route.handler.level
+    return root_level
+
+
+def _format_message(record: logging.LogRecord) -> str:
+    message = record.getMessage()
+    if getattr(record, "corral_stream", None) == "logging":
+        message = f"{record.name}: {message}"
+    if record.exc_text:
+        message = f"{message}\n{record.exc_text}"
+    elif record.exc_info:
+        message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
+    if record.stack_info:
+        message = f"{message}\n{record.stack_info}"
+    return message
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
+    return f"{stamp}.{int(record.msecs):03d}"
+
+
+class LogFiles(logging.Handler):
+    """One file per source plus ``combined.log``, in one folder.
+
+    Files are named after the full source (``corral.web.log``; the runner's
+    own records go to ``corral.log``) and opened on their first record.  At
+    most ``max_open`` files are open at once; the least recently written is
+    closed (and reopened for appending when needed), so a thousand sources
+    cost no more than ``max_open`` descriptors.  Lines look like::
+
+        2026-11-30 10:33:01.123 INFO     [stdout] listening on port 8080
+
+    and, in ``combined.log``, carry the source::
+
+        2026-11-30 10:33:01.123 INFO     corral.web [stdout] listening on port 8080
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], *, max_open: int = 64) -> None:
+        super().__init__(logging.DEBUG)
+        self.folder = os.fspath(folder)
+        os.makedirs(self.folder, exist_ok=True)
+        self._max_open = max_open
+        self._files: OrderedDict[str, TextIO] = OrderedDict()
+        self._combined = open(  # noqa: SIM115 - closed in close()
+            os.path.join(self.folder, "combined.log"), "a", encoding="utf-8"
+        )
+
+    def _file_for(self, source: str) -> TextIO:
+        file = self._files.get(source)
+        if file is not None:
+            self._files.move_to_end(source)
+            return file
+        if len(self._files) >= self._max_open:
+            _, oldest = self._files.popitem(last=False)
+            oldest.close()
+        safe = source.replace(os.sep, "_")
+        file = open(  # noqa: SIM115 - kept open, closed in close()
+            os.path.join(self.folder, f"{safe}.log"), "a", encoding="utf-8"
+        )
+        self._files[source] = file
+        return file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            source = source_of(record)
+            stream = getattr(record, "corral_stream", None)
+            head = f"{_timestamp(record)} {record.levelname:<8} "
+            tail = f"[{stream}] " if stream in ("stdout", "stderr") else ""
+            message = _format_message(record)
+            self._file_for(source).write(f"{head}{tail}{message}\n")
+            self._combined.write(f"{head}{source} {tail}{message}\n")
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        with self.lock if self.lock is not None else _NO_LOCK:
+            for file in self._files.values():
+                file.flush()
+            self._combined.flush()
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
+        self._combined.close()
+        super().close()
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
 
 
 # ANSI colours for source prefixes, chosen to read on dark and light terminals.
@@ -84,11 +232,7 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def format(self, record: logging.LogRecord) -> str:
         source = source_of(record)
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        message = record.getMessage()
-        if record.exc_text:
-            message = f"{message}\n{record.exc_text}"
-        elif record.exc_info:
-            message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
+        message = _format_message(record)
         if not self.colour:
             return f"{stamp} {source} | {message}"
         code = self._colour_of.get(source)

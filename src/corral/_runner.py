@@ -19,6 +19,9 @@ The rules follow from that:
   from cancellation, so it always finishes and every child is reaped.
 * A lifeline process (see :mod:`corral._lifeline`) kills every child's
   group if the launcher itself dies without a chance to clean up.
+* Entered on the main thread, the runner forwards SIGINT, SIGTERM and SIGHUP
+  to every child at once and then raises :class:`KeyboardInterrupt` or
+  :class:`Signalled` (see :mod:`corral._signals`).
 
 Runners keep no global state: several may be open at once, nested in one
 another or in the application's own task groups, on either backend.
@@ -41,12 +44,13 @@ import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from . import _handshake, _platform
+from . import _handshake, _platform, _signals
 from ._collector import Collector
 from ._errors import STDERR_TAIL_BYTES, ProcessFailed, ResourceLimitError, StartupFailed
 from ._lifeline import Lifeline
+from ._logserver import LogServer
 from ._process import Process
-from ._routing import ConsoleHandler, Route, Router
+from ._routing import ConsoleHandler, LogFiles, Route, Router
 from ._streams import PipeReader, make_record
 from ._token import LoopToken
 
@@ -60,9 +64,6 @@ Input = Literal["null", "inherit"]
 
 _NAME_OK = re.compile(r"[^\s/\\]+")
 _NAME_BAD_CHARS = re.compile(r"[\s/\\]+")
-
-#: How many spawns may run in worker threads at once.
-_SPAWN_CONCURRENCY = 4
 
 
 class Runner:
@@ -83,6 +84,9 @@ class Runner:
         stop_signal: int = signal.SIGTERM,
         console: bool = True,
         handlers: Sequence[logging.Handler | Route] = (),
+        log_dir: StrOrPath | None = None,
+        propagate: bool = False,
+        handle_signals: bool | None = None,
     ) -> None:
         if grace < 0:
             raise ValueError("grace must be >= 0 seconds")
@@ -90,13 +94,16 @@ class Runner:
         self._name = name
         self._grace = float(grace)
         self._stop_signal = stop_signal
-        routes = [h if isinstance(h, Route) else Route(h) for h in handlers]
+        self._routes = [h if isinstance(h, Route) else Route(h) for h in handlers]
         if console:
             console_handler = ConsoleHandler()
             console_handler.setLevel(logging.INFO)
-            routes.append(Route(console_handler))
-        self._router = Router(routes)
-        self._collector = Collector(self._router.dispatch)
+            self._routes.append(Route(console_handler))
+        self._log_dir = os.fspath(log_dir) if log_dir is not None else None
+        self._log_path: str | None = None
+        self._propagate = propagate
+        self._router = Router(name, self._routes, propagate=propagate)
+        self._collector = Collector(self._router.dispatch, min_level=self._router.min_level)
         self._lifeline = Lifeline()
         self._token: LoopToken | None = None
         self._tg: TaskGroup | None = None
@@ -104,13 +111,19 @@ class Runner:
         self._entered = False
         self._closing = False
         self._devnull = -1
-        self._limiter = anyio.CapacityLimiter(_SPAWN_CONCURRENCY)
+        self._spawn_lock = anyio.Lock()
+        self._all_exited = anyio.Event()
+        self._logserver: LogServer | None = None
+        self._log_env: dict[bytes, bytes] = {}
+        self._name_counters: dict[str, int] = {}
+        self._handle_signals = handle_signals
+        self._signals: _signals.Subscription | None = None
 
     # -- properties -------------------------------------------------------------------
 
     @property
     def name(self) -> str:
-        """The runner's name: the first part of every log source it produces."""
+        """The runner's name, the first part of every log source it produces."""
         return self._name
 
     @property
@@ -124,6 +137,11 @@ class Runner:
         if self._token is None:
             raise RuntimeError("the runner has not been entered yet (use 'async with')")
         return self._token
+
+    @property
+    def log_path(self) -> str | None:
+        """The folder of this run's log files (with ``log_dir=``), created on entry."""
+        return self._log_path
 
     @property
     def processes(self) -> tuple[Process, ...]:
@@ -140,10 +158,11 @@ class Runner:
             raise RuntimeError("a Runner can be entered only once; call open_runner() again")
         self._entered = True
         self._token = LoopToken.current()
+        handle_signals = _signals.wanted(self._handle_signals)
         self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._lifeline.start_blocking)
+                await anyio.to_thread.run_sync(self._prepare_blocking)
             tg = anyio.create_task_group()
             await tg.__aenter__()
         except BaseException:
@@ -153,6 +172,14 @@ class Runner:
             raise
         self._tg = tg
         tg.start_soon(self._collector.run, name=f"corral log collector {self._name}")
+        # Not tg.start(): a start() cancelled at the wrong moment cancels the
+        # started task and waits for it, and this one is shielded.
+        server_ready = anyio.Event()
+        tg.start_soon(self._serve_logs, server_ready, name=f"corral log server {self._name}")
+        with anyio.CancelScope(shield=True):
+            await server_ready.wait()
+        if handle_signals:
+            self._signals = _signals.subscribe(self)
         return self
 
     async def __aexit__(
@@ -164,14 +191,33 @@ class Runner:
         assert self._tg is not None
         self._closing = True
         if not self._live:
-            self._collector.close()
+            self._all_exited.set()
+        error: BaseException | None = None
         try:
             return await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseException as caught:
+            error = caught
+            raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._lifeline.aclose()
-                await anyio.to_thread.run_sync(self._router.close)
-            os.close(self._devnull)
+            try:
+                if self._signals is not None:
+                    # Raises KeyboardInterrupt or Signalled if a signal stopped us.
+                    self._signals.close(error)
+            finally:
+                del error
+                with anyio.CancelScope(shield=True):
+                    await self._lifeline.aclose()
+                    await anyio.to_thread.run_sync(self._router.close)
+                os.close(self._devnull)
+
+    def _prepare_blocking(self) -> None:
+        """Entry work that touches the disk or spawns: runs in a worker thread."""
+        if self._log_dir is not None:
+            self._log_path = _make_run_folder(self._log_dir, self._name)
+            self._routes.append(Route(LogFiles(self._log_path)))
+            self._router = Router(self._name, self._routes, propagate=self._propagate)
+            self._collector = Collector(self._router.dispatch, min_level=self._router.min_level)
+        self._lifeline.start_blocking()
 
     def cancel(self) -> None:
         """Cancel the runner's scope: stop every child and end the ``async with`` block.
@@ -257,28 +303,54 @@ class Runner:
                 raise ValueError(f"{what} must be 'capture', 'inherit' or 'discard', not {value!r}")
         if stdin not in ("null", "inherit"):
             raise ValueError(f"stdin must be 'null' or 'inherit', not {stdin!r}")
-        name = self._claim_name(name, argv_list[0])
-        cwd_str = os.fspath(cwd) if cwd is not None else None
-        child_env = self._child_env(env)
+        # Spawning runs on the loop thread, one child at a time: CPython
+        # holds the GIL through os.posix_spawn, so a worker thread would
+        # stall the loop just as long and add hand-offs on top.  The lock
+        # puts concurrent starts in a queue and the yield inside it gives
+        # the loop a turn after every spawn, so a burst of starts never
+        # runs as one long batch.
+        async with self._spawn_lock:
+            # No await from here until the child is supervised: the name
+            # stays free, and no cancellation can strand the child.
+            name = self._unique_name(name, argv_list[0])
+            pid, pidfd, pipes, started_at = self._spawn_now(
+                argv_list,
+                self._child_env(env, f"{self._name}.{name}"),
+                os.fspath(cwd) if cwd is not None else None,
+                stdin,
+                stdout,
+                stderr,
+                wait_started,
+            )
+            proc = self._adopt(
+                pid, pidfd, pipes, started_at, name, argv_list, check, grace, stop_signal
+            )
+            await anyio.lowlevel.cancel_shielded_checkpoint()
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
-            # From here on, the child must end up either supervised or dead:
-            # a cancellation waits until the spawn has been accounted for.
-            with anyio.CancelScope(shield=True):
-                pid, pidfd, pipes, started_at = await anyio.to_thread.run_sync(
-                    self._spawn_blocking,
-                    argv_list,
-                    child_env,
-                    cwd_str,
-                    stdin,
-                    stdout,
-                    stderr,
-                    wait_started,
-                    limiter=self._limiter,
-                )
+            if wait_started:
+                await self._wait_started(proc, start_timeout)
         except BaseException:
-            self._live.pop(name, None)
+            # Whoever asked for this child is gone, or its start failed: do
+            # not leave it running unowned.
+            with anyio.CancelScope(shield=True):
+                await proc.terminate()
             raise
+        return proc
+
+    def _adopt(
+        self,
+        pid: int,
+        pidfd: int,
+        pipes: dict[str, int],
+        started_at: float,
+        name: str,
+        argv_list: list[str],
+        check: bool,
+        grace: float | None,
+        stop_signal: int | None,
+    ) -> Process:
+        """Wrap a freshly spawned child in a Process and start its supervisor task."""
         readers = [
             PipeReader(
                 fd,
@@ -313,16 +385,6 @@ class Runner:
         self._log(logging.DEBUG, f"started {name} (pid {pid}): {_quote(argv_list)}")
         assert self._tg is not None
         self._tg.start_soon(proc._supervise, name=f"corral supervisor {self._name}.{name}")
-        try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            if wait_started:
-                await self._wait_started(proc, start_timeout)
-        except BaseException:
-            # Whoever asked for this child is gone, or its start failed: do
-            # not leave it running unowned.
-            with anyio.CancelScope(shield=True):
-                await proc.terminate()
-            raise
         return proc
 
     async def _wait_started(self, proc: Process, limit: float | None) -> None:
@@ -385,43 +447,54 @@ class Runner:
         if self._closing:
             raise RuntimeError(f"runner {self._name!r} is closing; it starts no new processes")
 
-    def _claim_name(self, name: str | None, program: str) -> str:
+    def _unique_name(self, name: str | None, program: str) -> str:
+        taken = self._live
         if name is not None:
             _check_name(name, "process")
-            if name in self._live:
+            if name in taken:
                 raise ValueError(f"a process named {name!r} is already running in this runner")
         else:
             base = _NAME_BAD_CHARS.sub("-", os.path.basename(program)) or "process"
-            name, n = base, 1
-            while name in self._live:
-                n += 1
-                name = f"{base}-{n}"
-        # Reserve the name while spawning; the Process replaces this entry.
-        self._live[name] = None  # type: ignore[assignment]
+            name = base
+            if name in taken:
+                # Suffixes count up per base name, so naming stays linear even
+                # with a thousand children of one program.
+                n = self._name_counters.get(base, 1)
+                while name in taken:
+                    n += 1
+                    name = f"{base}-{n}"
+                self._name_counters[base] = n
         return name
 
-    def _child_env(self, overrides: Mapping[str, str | None] | None) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
+    def _child_env(
+        self, overrides: Mapping[str, str | None] | None, source: str
+    ) -> dict[bytes, bytes]:
+        # Bytes all the way: os.environb is the cheapest copy, and
+        # posix_spawn takes bytes without re-encoding.
+        env = dict(os.environb)
+        env[b"PYTHONUNBUFFERED"] = b"1"
+        if self._logserver is not None:
+            env.update(self._log_env)
+            env[b"CORRAL_SOURCE"] = source.encode()
         if overrides:
             for key, value in overrides.items():
                 if value is None:
-                    env.pop(key, None)
+                    env.pop(os.fsencode(key), None)
                 else:
-                    env[key] = value
+                    env[os.fsencode(key)] = os.fsencode(value)
         return env
 
-    def _spawn_blocking(
+    def _spawn_now(
         self,
         argv: list[str],
-        env: dict[str, str],
+        env: dict[bytes, bytes],
         cwd: str | None,
         stdin: Input,
         stdout: Output,
         stderr: Output,
         wait_started: bool,
     ) -> tuple[int, int, dict[str, int], float]:
-        """Spawn in a worker thread; returns (pid, pidfd, {stream: read end}, start time)."""
+        """Spawn the child; returns (pid, pidfd, {stream: read end}, start time)."""
         opened: list[int] = []  # everything to close if we fail
         child_ends: list[int] = []
         pipes: dict[str, int] = {}
@@ -445,7 +518,7 @@ class Runner:
                 pipes["handshake"] = read_end
                 child_ends.append(write_end)
                 fds[_handshake.FD] = write_end
-                env = {**env, _handshake.ENV_VAR: str(_handshake.FD)}
+                env[_handshake.ENV_VAR.encode()] = b"%d" % _handshake.FD
             started_at = time.monotonic()
             pid = _platform.spawn(argv, env=env, cwd=cwd, fds=fds)
         except BaseException:
@@ -506,12 +579,65 @@ class Runner:
         if self._live.get(proc.name) is proc:
             del self._live[proc.name]
         record = proc._exit_record()
-        self._collector.put_nowait([record])
+        if record.levelno >= self._collector.min_level:
+            self._collector.put_nowait([record])
         if self._closing and not self._live:
-            self._collector.close()
+            self._all_exited.set()
+
+    async def _serve_logs(self, ready: anyio.Event) -> None:
+        """Run the log server for the runner's whole life, then close the collector.
+
+        Shielded: it ends when the body of the block is over and every child
+        has exited (each child's connections were drained by then), so the
+        server's own exit finds only connections of processes that escaped
+        their group; then no record can arrive any more and the collector
+        may close.
+        """
+        with anyio.CancelScope(shield=True):
+            try:
+                async with LogServer(self._deliver_remote) as server:
+                    self._logserver = server
+                    self._log_env = {
+                        os.fsencode(k): os.fsencode(v) for k, v in server.env("").items()
+                    }
+                    ready.set()
+                    await self._all_exited.wait()
+            finally:
+                ready.set()  # also when the server could not start: never hang entry
+                self._logserver = None
+                self._collector.close()
+
+    async def _deliver_remote(self, record: logging.LogRecord) -> None:
+        """A :mod:`logging` record from a child's connection: to its tails and the handlers."""
+        source = getattr(record, "corral_source", "") or ""
+        proc = self._live.get(source[len(self._name) + 1 :]) if "." in source else None
+        if proc is not None and proc.source == source:
+            await proc._tails.publish([record])
+        if record.levelno >= self._collector.min_level:
+            await self._collector.put([record], len(record.msg) + len(record.exc_text or ""))
+
+    async def _drain_logs(self, proc: Process) -> None:
+        if self._logserver is not None:
+            await self._logserver.drain(proc.source, proc.pid)
 
     def _log(self, level: int, message: str) -> None:
-        self._collector.put_nowait([make_record(self._name, level, message)])
+        if level >= self._collector.min_level:
+            self._collector.put_nowait([make_record(self._name, level, message)])
+
+
+def _make_run_folder(log_dir: str, runner_name: str) -> str:
+    """Create ``<log_dir>/<YYYYmmdd-HHMMSS>-<runner>`` (with a suffix if taken)."""
+    os.makedirs(log_dir, exist_ok=True)
+    base = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{runner_name}")
+    path, n = base, 1
+    while True:
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            n += 1
+            path = f"{base}-{n}"
+            continue
+        return path
 
 
 def _check_name(name: str, what: str) -> None:
@@ -532,6 +658,9 @@ def open_runner(
     stop_signal: int = signal.SIGTERM,
     console: bool = True,
     handlers: Sequence[logging.Handler | Route] = (),
+    log_dir: StrOrPath | None = None,
+    propagate: bool = False,
+    handle_signals: bool | None = None,
 ) -> Runner:
     """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
 
@@ -543,9 +672,30 @@ def open_runner(
         console: print every child's output lines to the launcher's stderr
             with a ``HH:MM:SS source |`` prefix (coloured on a terminal).
         handlers: extra :class:`logging.Handler` objects (or :class:`Route`
-            objects limiting a handler to some sources) that receive every
-            record; they are called from a worker thread, never on the loop.
+            objects limiting a handler to some sources and levels) that
+            receive the records; they are called from a worker thread, never
+            on the loop.  A handler with no level of its own takes the root
+            logger's level.
+        log_dir: write logs under this folder: each run gets a timestamped
+            subfolder (:attr:`Runner.log_path`) with one file per source and
+            a ``combined.log`` holding everything, lifecycle records included.
+        propagate: also hand every record to the standard logging tree, to the
+            logger named after its source (``<runner>.<process>``), from where
+            it propagates to the application's root logger.
+        handle_signals: forward SIGINT, SIGTERM and SIGHUP to every child while
+            the runner is open, then raise :class:`KeyboardInterrupt` (SIGINT) or
+            :class:`Signalled` out of the ``async with`` (see
+            :mod:`corral._signals`).  ``None``, the default, handles them when
+            the runner is entered on the main thread; ``False`` installs nothing
+            (for embedding: the host application cancels the runner instead).
     """
     return Runner(
-        name=name, grace=grace, stop_signal=stop_signal, console=console, handlers=handlers
+        name=name,
+        grace=grace,
+        stop_signal=stop_signal,
+        console=console,
+        handlers=handlers,
+        log_dir=log_dir,
+        propagate=propagate,
+        handle_signals=handle_signals,
     )

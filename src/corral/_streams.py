@@ -24,17 +24,22 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 
 import anyio
 import anyio.lowlevel
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._collector import Collector
 
-__all__ = ["PipeReader", "make_record"]
+__all__ = ["PipeReader", "Tails", "make_record"]
 
 #: Bytes read from a pipe at a time.  A pipe holds 64 KiB; smaller reads
 #: keep each turn on the loop short during a burst.
 CHUNK = 32 * 1024
+
+#: Records of each process kept for tails opened after they were written.
+TAIL_BACKLOG = 256
 
 #: A "line" longer than this is cut and delivered in pieces.
 MAX_LINE = 1024 * 1024
@@ -92,8 +97,10 @@ class PipeReader:
         collector: Collector,
         pid: int,
         tail_bytes: int = 0,
+        tails: Tails | None = None,
     ) -> None:
         self.fd = fd
+        self.tails = tails if tails is not None else Tails(0)
         self.source = source
         self.stream = stream
         self.level = level
@@ -127,7 +134,7 @@ class PipeReader:
                     return
             await self._read_available()
         finally:
-            if self._pending:
+            if self._pending and (self.level >= self._collector.min_level or self.tails.wanted):
                 await self._emit([self._pending], len(self._pending))
                 self._pending = b""
 
@@ -156,7 +163,7 @@ class PipeReader:
         if len(self._pending) > MAX_LINE:
             lines.append(self._pending)
             self._pending = b""
-        if lines:
+        if lines and (self.level >= self._collector.min_level or self.tails.wanted):
             await self._emit(lines, len(data) - len(self._pending))
 
     async def _emit(self, lines: list[bytes], size: int) -> None:
@@ -175,4 +182,55 @@ class PipeReader:
             for line in lines
         ]
         self.lines += len(records)
-        await self._collector.put(records, size)
+        if self.level >= self._collector.min_level:
+            await self._collector.put(records, size)
+        if self.tails.wanted:
+            await self.tails.publish(records)
+
+
+class Tails:
+    """The live tails of one source (see :meth:`Process.logs`), and a short backlog.
+
+    The backlog keeps the last ``backlog`` records, so that a tail opened a
+    moment after the child started (or after its start-up handshake) still
+    sees what the child wrote in between.
+    """
+
+    def __init__(self, backlog: int) -> None:
+        self._backlog: deque[logging.LogRecord] = deque(maxlen=backlog)
+        self._subscribers: list[MemoryObjectSendStream[logging.LogRecord]] = []
+        self._closed = False
+
+    @property
+    def wanted(self) -> bool:
+        """Whether records should be built for the tails at all."""
+        return bool(self._backlog.maxlen) or bool(self._subscribers)
+
+    def open(self, buffer: int) -> MemoryObjectReceiveStream[logging.LogRecord]:
+        send, receive = anyio.create_memory_object_stream[logging.LogRecord](
+            max(buffer, len(self._backlog))
+        )
+        for record in self._backlog:
+            send.send_nowait(record)
+        if self._closed:
+            send.close()
+        else:
+            self._subscribers.append(send)
+        return receive
+
+    async def publish(self, records: list[logging.LogRecord]) -> None:
+        """Hand ``records`` to every open tail, waiting for slow ones (backpressure)."""
+        self._backlog.extend(records)
+        for stream in list(self._subscribers):
+            try:
+                for record in records:
+                    await stream.send(record)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._subscribers.remove(stream)
+
+    def close(self) -> None:
+        """The source has ended: every tail ends after what it has received."""
+        self._closed = True
+        for stream in self._subscribers:
+            stream.close()
+        self._subscribers.clear()

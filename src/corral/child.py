@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["started"]
+from ._child_logging import CorralLogHandler, connect
+
+__all__ = ["CorralLogHandler", "connect", "started"]
 
 _STARTED_FD = "CORRAL_STARTED_FD"
 
