@@ -354,7 +354,9 @@ class Process:
         duration = self._duration if self._duration is not None else 0.0
         level = logging.DEBUG
         if self._returncode != 0 and not self._stop_requested:
-            level = logging.WARNING
+            # A failure that stops the runner (check=True) is an error; a
+            # non-zero exit the caller said it tolerates is worth a warning.
+            level = logging.ERROR if self._check else logging.WARNING
         return make_record(
             self._runner.name,
             level,
