@@ -6,7 +6,9 @@ environment variable ``CORRAL_STARTED_FD``.  The number is always 3: a single
 digit, because ``dash`` (``/bin/sh`` on Debian) only accepts one-digit
 descriptors in redirections such as ``>&$CORRAL_STARTED_FD``.
 
-The child reports by writing **one line of JSON** to it (a Python child
+The child reports by writing **one line of JSON** to it (exactly one: the
+runner closes its end once the line is in, so a second write fails with
+``EPIPE``) (a Python child
 calls :func:`corral.child.started`), or by closing it, which reports
 ``null``.  The runner reads the pipe as its data arrives — a readiness wait on
 the event loop, never a poll, never a blocking read — and :meth:`Runner.start`
@@ -89,4 +91,7 @@ class HandshakeReader:
         return json.loads(text)
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Close our end (idempotent); a child writing again gets EPIPE."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -323,6 +323,10 @@ class Process:
         self._handshake_scope = None
         if not self._leader_exited.is_set():
             self._resolve_handshake(exited=False)
+            if self._started.is_set():
+                # The report is in: give the descriptor back now rather than
+                # holding it for the child's whole life.
+                self._handshake.close()
 
     def _resolve_handshake(self, *, exited: bool) -> None:
         """Decide the start-up outcome from what the handshake pipe delivered."""
