@@ -148,3 +148,14 @@ def test_started_rejects_unserialisable_values_before_writing(
         assert json.loads(os.read(read_end, 100)) == [1, 2]
     finally:
         os.close(read_end)
+
+
+async def test_handshake_descriptor_is_released_once_the_report_is_in(tag: str) -> None:
+    async with corral.open_runner(console=False) as r:
+        before = len(os.listdir("/proc/self/fd"))
+        p = await r.start(
+            ["sh", "-c", "echo 1 >&3; exec sleep 1000"], env={TAG_VAR: tag}, wait_started=True
+        )
+        # pidfd, stdout and stderr; not the handshake pipe any more.
+        assert len(os.listdir("/proc/self/fd")) - before == 3
+        await p.terminate()
