@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -265,7 +266,7 @@ class Slow(logging.Handler):
         self.count += 1
         self.bytes += len(record.msg)
         if self.count % 8 == 0:
-            time.sleep(0.001)  # a slow disk: about 250 MB/s
+            time.sleep(0.0002)  # a slow disk: about 250 MB/s
 
 def rss(field):
     with open("/proc/self/status") as f:
@@ -308,3 +309,78 @@ def test_gigabyte_flood_with_slow_handler_is_bounded_and_complete(backend: str) 
     assert count == 1024 * 32
     assert nbytes == 1024 * 32 * 32767
     assert growth < 64 * 1024 * 1024, f"launcher grew by {growth / 2**20:.1f} MiB"
+
+
+CONNECTED_CHILD = """
+import logging, os, threading, time, corral.child
+corral.child.connect(logging.DEBUG)
+log = logging.getLogger("app.db")
+log.debug("before %s", "start", extra={})
+def worker():
+    for i in range(3000):
+        log.info("record %d", i)
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        log.exception("it broke")
+t = threading.Thread(target=worker, name="db-thread")
+t.start(); t.join()
+print("stamp", time.time(), flush=True)
+os._exit(0)  # no logging.shutdown(), no flush: nothing may be lost
+"""
+
+
+async def test_python_logging_records_from_a_child_arrive_whole() -> None:
+    logs = ListHandler()
+    async with corral.open_runner(name="app", console=False, handlers=[logs]) as r:
+        p = await r.start([PY, "-c", CONNECTED_CHILD], name="db")
+        await p.wait()
+        records = [rec for rec in logs.records if getattr(rec, "corral_stream", None) == "logging"]
+        # Everything arrived before wait() returned, in order.
+        assert [rec.getMessage() for rec in records[1:3001]] == [f"record {i}" for i in range(3000)]
+    first, last = records[0], records[-1]
+    assert (first.name, first.levelno, first.getMessage()) == (
+        "app.db",
+        logging.DEBUG,
+        "before start",
+    )
+    assert last.levelno == logging.ERROR
+    assert last.getMessage() == "it broke"
+    assert last.exc_text is not None
+    assert "ZeroDivisionError" in last.exc_text
+    assert {rec.process for rec in records} == {p.pid}
+    assert records[1].threadName == "db-thread"
+    assert {rec.corral_source for rec in records} == {"app.db"}  # type: ignore[attr-defined]
+    # The child's own timestamps: increasing, and before the stamp it printed last.
+    stamp = next(float(m.split()[1]) for m in logs.messages("app.db") if m.startswith("stamp"))
+    created = [rec.created for rec in records]
+    assert created == sorted(created)
+    assert created[-1] <= stamp
+
+
+async def test_connect_is_a_no_op_outside_corral() -> None:
+    out = await anyio.run_process(
+        [PY, "-c", "import corral.child; print(corral.child.connect())"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
+    )
+    assert out.stdout.strip() == b"None"
+
+
+async def test_logging_records_still_in_the_socket_at_exit_arrive_before_wait_returns() -> None:
+    class SlowList(ListHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            time.sleep(0.0002)
+            super().emit(record)
+
+    logs = SlowList()
+    child = (
+        "import logging, os, corral.child\n"
+        "corral.child.connect(logging.INFO)\n"
+        "for i in range(2000): logging.info('%d %s', i, 'x' * 10000)\n"
+        "os._exit(0)\n"
+    )
+    async with corral.open_runner(console=False, handlers=[logs]) as r:
+        p = await r.start([PY, "-c", child], name="big")
+        await p.wait()
+        got = [rec.getMessage().split()[0] for rec in logs.records if rec.name == "root"]
+        assert got == [str(i) for i in range(2000)]
