@@ -76,6 +76,10 @@ class Runner:
     else.  Use :attr:`token` to reach it from another thread.
     """
 
+    # Built on entry (see _prepare_blocking), once the log folder exists.
+    _router: Router
+    _collector: Collector
+
     def __init__(
         self,
         *,
@@ -102,8 +106,6 @@ class Runner:
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
         self._log_path: str | None = None
         self._propagate = propagate
-        self._router = Router(name, self._routes, propagate=propagate)
-        self._collector = Collector(self._router.dispatch, min_level=self._router.min_level)
         self._lifeline = Lifeline()
         self._token: LoopToken | None = None
         self._tg: TaskGroup | None = None
@@ -215,8 +217,8 @@ class Runner:
         if self._log_dir is not None:
             self._log_path = _make_run_folder(self._log_dir, self._name)
             self._routes.append(Route(LogFiles(self._log_path)))
-            self._router = Router(self._name, self._routes, propagate=self._propagate)
-            self._collector = Collector(self._router.dispatch, min_level=self._router.min_level)
+        self._router = Router(self._name, self._routes, propagate=self._propagate)
+        self._collector = Collector(self._router.dispatch, min_level=self._router.min_level)
         self._lifeline.start_blocking()
 
     def cancel(self) -> None:
