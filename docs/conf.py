@@ -42,7 +42,7 @@ exclude_patterns = ["_build"]
 # Without intersphinx inventories no reference to another project can resolve,
 # so those (and only those) are ignored here: what a ``-n`` build still reports
 # is a broken reference in corral's own pages or docstrings.
-nitpicky = False
+nitpicky = True
 nitpick_ignore_regex = [
     (
         r"py:.*",

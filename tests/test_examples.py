@@ -70,7 +70,39 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
         ],
         "stderr": [r"\d\d:\d\d:\d\d threads\.step \| step output"],
     },
+    "logs.py": {
+        # Order is kept per channel only: the child's logging records are in
+        # order among themselves, its prints among themselves (checked in
+        # test_logs_example_tail_loses_nothing).
+        "stdout": [
+            r"tail: \[logging\] INFO app\.db: connected to db\.example:5432",
+            r"tail: \[logging\] WARNING app\.db: query took 2\.5 s",
+            r"tail: \[logging\] ERROR app\.db: query failed "
+            r"\(traceback ending in 'ZeroDivisionError: division by zero'\)",
+            r"app exited with code 0; its records are all written",
+            r"the alerts handler got:",
+            r"  WARNING app\.db: query took 2\.5 s",
+            r"  ERROR app\.db: query failed",
+            r"log folder: logs/\d{8}-\d{6}-logs/",
+            r"  combined\.log +\d+ lines",
+            r"  logs\.app\.log +\d+ lines",
+            r"  logs\.log +4 lines",
+            r"  logs\.shell\.log +3 lines",
+            r"first lines of combined\.log:",
+            r"  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} DEBUG    "
+            r"logs started shell \(pid \d+\): sh -c .*",
+        ],
+        "stderr": [
+            r"\d\d:\d\d:\d\d logs\.shell \| compiling",
+            r"\d\d:\d\d:\d\d logs\.shell \| warning: flag -O9 is deprecated",
+            r"\d\d:\d\d:\d\d logs\.shell \| no newline at the end",
+        ],
+    },
 }
+
+#: Examples that log a traceback on purpose (it reaches the console, on
+#: stderr): how many.  Any other traceback on stderr is a crash.
+TRACEBACKS = {"logs.py": 1}
 
 
 def run_example(path: Path, tag: str) -> subprocess.CompletedProcess[str]:
@@ -119,7 +151,8 @@ def test_example(path: Path, tag: str) -> None:
         f"{path.name} exited with code {result.returncode}\n{describe(result)}"
     )
     assert result.stdout.strip(), f"{path.name} printed nothing on stdout\n{describe(result)}"
-    assert "Traceback (most recent call last)" not in result.stderr, describe(result)
+    tracebacks = result.stderr.count("Traceback (most recent call last)")
+    assert tracebacks == TRACEBACKS.get(path.name, 0), describe(result)
     for stream, patterns in EXPECTED.get(path.name, {}).items():
         assert_lines_in_order(getattr(result, stream), patterns, f"{path.name}'s {stream}")
 
@@ -135,11 +168,37 @@ def test_trio_and_asyncio_apps_do_the_same_job(tag: str) -> None:
     assert report("trio_app.py") == report("asyncio_app.py")
 
 
+def test_logs_example_tail_loses_nothing(tag: str) -> None:
+    """The tail sees every record of the Python child, its prints before ``os._exit`` too."""
+    result = run_example(ROOT / "examples" / "logs.py", tag)
+    assert result.returncode == 0, describe(result)
+    tail = [line for line in result.stdout.splitlines() if line.startswith("tail: ")]
+    assert sorted(tail) == sorted(
+        [
+            "tail: [stdout] INFO logs.app: app starting",
+            "tail: [logging] INFO app.db: connected to db.example:5432",
+            "tail: [logging] WARNING app.db: query took 2.5 s",
+            "tail: [logging] ERROR app.db: query failed "
+            "(traceback ending in 'ZeroDivisionError: division by zero')",
+            "tail: [stdout] INFO logs.app: app done",
+        ]
+    ), describe(result)
+    stdout_lines = [line for line in tail if line.startswith("tail: [stdout]")]
+    assert stdout_lines[0].endswith("app starting"), describe(result)
+    assert "ZeroDivisionError: division by zero" in result.stderr, describe(result)
+
+
 # -- complete programs in the documentation ---------------------------------------------
 
 #: Pages whose complete programs (``python`` code blocks that call ``anyio.run``,
 #: ``trio.run`` or ``asyncio.run``) must run as they are.
-DOC_PAGES = ["tutorial.rst", "howto/handshake.rst", "howto/embedding.rst", "howto/limits.rst"]
+DOC_PAGES = [
+    "tutorial.rst",
+    "howto/handshake.rst",
+    "howto/embedding.rst",
+    "howto/limits.rst",
+    "howto/logging.rst",
+]
 
 _CODE_BLOCK = re.compile(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", re.MULTILINE)
 _MAIN_CALL = re.compile(r"^(anyio|trio|asyncio)\.run\(", re.MULTILINE)

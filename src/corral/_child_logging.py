@@ -1,4 +1,4 @@
-"""The child side of corral's log stream: send this process's `logging` records home.
+"""The child side of corral's log stream: send this process's :mod:`logging` records home.
 
 A process started by corral finds three variables in its environment:
 
@@ -6,10 +6,10 @@ A process started by corral finds three variables in its environment:
 - ``CORRAL_LOG_SECRET``: the secret that proves this process was started by it,
 - ``CORRAL_SOURCE``: the name the launcher knows this process by.
 
-`connect` reads them and puts a `CorralLogHandler` on the root logger (or another
+:func:`connect` reads them and puts a :class:`CorralLogHandler` on the root logger (or another
 logger); from then on every record that reaches that logger is also sent to the
 launcher, with its level, logger name, timestamp, message, traceback, pid and thread,
-in the format described in `corral._wire`.  Without those variables `connect` does
+in the format described in ``corral._wire``.  Without those variables :func:`connect` does
 nothing, so a script can call it unconditionally and still run on its own.
 
 The handler writes each record to the socket *before the logging call returns*, with
@@ -66,20 +66,20 @@ _default_formatter: Final = logging.Formatter()
 
 
 class CorralLogHandler(logging.Handler):
-    """A `logging.Handler` that sends every record to a corral launcher.
+    """A :class:`logging.Handler` that sends every record to a corral launcher.
 
     Constructing it connects to the Unix socket at *path* and sends the hello; an
-    `OSError` from that propagates.  Usually you do not construct it yourself: call
-    `connect`.
+    :exc:`OSError` from that propagates.  Usually you do not construct it yourself: call
+    :func:`connect`.
 
     `emit` formats the record -- ``record.getMessage()``, and the traceback with this
-    handler's formatter (`logging.Formatter` if none was set) when the record carries
+    handler's formatter (:class:`logging.Formatter` if none was set) when the record carries
     exception information -- and writes it as one frame with a blocking send, from the
     calling thread, under the handler's lock.  A message too big for one frame is cut in
     the middle, with a note saying how much was left out.
 
     If the launcher has gone away (the send fails with, say, ``EPIPE``), the handler
-    reports that once through `logging.Handler.handleError` and then drops every later
+    reports that once through :meth:`logging.Handler.handleError` and then drops every later
     record silently; the process carries on.  In a process created by ``os.fork``, the
     handler leaves its parent's connection alone and opens its own, with the new pid,
     the first time it is used.  If an exception (``KeyboardInterrupt``, say) interrupts
@@ -212,7 +212,7 @@ def connect(
     """Send this process's log records to the corral launcher that started it.
 
     If the environment names a launcher's log socket (``CORRAL_LOG_SOCKET`` and
-    ``CORRAL_LOG_SECRET``), connect to it, add a `CorralLogHandler` at *level* to
+    ``CORRAL_LOG_SECRET``), connect to it, add a :class:`CorralLogHandler` at *level* to
     *logger* (the root logger by default) and return the handler.  Otherwise do nothing
     and return ``None``.
 
@@ -225,7 +225,7 @@ def connect(
     makes ``logging.info(...)`` reach the launcher.  With the default ``NOTSET`` the
     logger's level is left alone.
 
-    If the socket cannot be reached, a `RuntimeWarning` says so and ``None`` is
+    If the socket cannot be reached, a :exc:`RuntimeWarning` says so and ``None`` is
     returned: losing the logs is no reason to stop the program.
     """
     path = os.environ.get(ENV_SOCKET)

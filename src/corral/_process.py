@@ -230,6 +230,18 @@ class Process:
             return False
         return _platform.signal_group(self._pgid, sig)
 
+    def _forward_stop(self, sig: int) -> None:
+        """Pass a stop signal the launcher received on to the group (signal fan-out).
+
+        The exit that follows is not a failure, and the stop that follows
+        when the scope is cancelled sends no signal of its own on top of
+        this one (it would cut short the clean-up this one started); its
+        grace period and SIGKILL still apply.
+        """
+        self._stop_requested = True
+        self._stop_signal = 0  # signal 0 only checks that the group exists
+        self._signal_group(sig)
+
     async def _stop(self, grace: float) -> None:
         """Stop signal to the group, up to ``grace`` seconds, then SIGKILL; wait for the exit."""
         self._stop_requested = True

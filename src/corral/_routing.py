@@ -95,13 +95,20 @@ class Router:
                     # One broken handler must not cost the others their records.
                     handler.handleError(record)
             if self._propagate:
-                logging.getLogger(source_of(record)).handle(record)
+                logger = logging.getLogger(source_of(record))
+                if logger.isEnabledFor(record.levelno):
+                    logger.handle(record)
         for handler, _, _ in routes:
             handler.flush()
 
-    def close(self) -> None:
+    def close(self, owned: Sequence[logging.Handler]) -> None:
+        """Flush every handler; close only ``owned`` ones (those the runner made).
+
+        Handlers the application passed in stay open: it may use them again.
+        """
         for handler, _, _ in self._routes:
             handler.flush()
+        for handler in owned:
             handler.close()
 
 

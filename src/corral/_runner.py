@@ -21,7 +21,7 @@ The rules follow from that:
   group if the launcher itself dies without a chance to clean up.
 * Entered on the main thread, the runner forwards SIGINT, SIGTERM and SIGHUP
   to every child at once and then raises :class:`KeyboardInterrupt` or
-  :class:`Signalled` (see :mod:`corral._signals`).
+  :class:`Signalled` (see ``corral._signals``).
 
 Runners keep no global state: several may be open at once, nested in one
 another or in the application's own task groups, on either backend.
@@ -99,10 +99,12 @@ class Runner:
         self._grace = float(grace)
         self._stop_signal = stop_signal
         self._routes = [h if isinstance(h, Route) else Route(h) for h in handlers]
+        self._owned_handlers: list[logging.Handler] = []
         if console:
             console_handler = ConsoleHandler()
             console_handler.setLevel(logging.INFO)
             self._routes.append(Route(console_handler))
+            self._owned_handlers.append(console_handler)
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
         self._log_path: str | None = None
         self._propagate = propagate
@@ -209,14 +211,16 @@ class Runner:
                 del error
                 with anyio.CancelScope(shield=True):
                     await self._lifeline.aclose()
-                    await anyio.to_thread.run_sync(self._router.close)
+                    await anyio.to_thread.run_sync(self._router.close, self._owned_handlers)
                 os.close(self._devnull)
 
     def _prepare_blocking(self) -> None:
         """Entry work that touches the disk or spawns: runs in a worker thread."""
         if self._log_dir is not None:
             self._log_path = _make_run_folder(self._log_dir, self._name)
-            self._routes.append(Route(LogFiles(self._log_path)))
+            files = LogFiles(self._log_path)
+            self._routes.append(Route(files))
+            self._owned_handlers.append(files)
         self._router = Router(self._name, self._routes, propagate=self._propagate)
         self._collector = Collector(self._router.dispatch, min_level=self._router.min_level)
         self._lifeline.start_blocking()
@@ -687,7 +691,7 @@ def open_runner(
         handle_signals: forward SIGINT, SIGTERM and SIGHUP to every child while
             the runner is open, then raise :class:`KeyboardInterrupt` (SIGINT) or
             :class:`Signalled` out of the ``async with`` (see
-            :mod:`corral._signals`).  ``None``, the default, handles them when
+            the signals how-to).  ``None``, the default, handles them when
             the runner is entered on the main thread; ``False`` installs nothing
             (for embedding: the host application cancels the runner instead).
     """

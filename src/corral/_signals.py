@@ -126,13 +126,7 @@ class Subscription:
         else:
             forward = signal.SIGKILL  # asked twice: stop everything now
         for proc in self._targets():
-            proc._stop_requested = True
-            # Signal 0 only checks that the group exists: the supervisor's
-            # stop, when the scope is cancelled, must not send a second,
-            # different signal on top of the forwarded one.  Its grace
-            # period and SIGKILL still apply.
-            proc._stop_signal = 0
-            proc._signal_group(forward)
+            proc._forward_stop(forward)
 
     def _schedule(self) -> None:
         """Ask the runner's loop to cancel the scope (called in the signal handler)."""
