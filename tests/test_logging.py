@@ -384,3 +384,31 @@ async def test_logging_records_still_in_the_socket_at_exit_arrive_before_wait_re
         await p.wait()
         got = [rec.getMessage().split()[0] for rec in logs.records if rec.name == "root"]
         assert got == [str(i) for i in range(2000)]
+
+
+async def test_propagation_honours_the_logger_tree_levels() -> None:
+    caught = ListHandler()
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(caught)
+    root.setLevel(logging.WARNING)
+    try:
+        async with corral.open_runner(name="lv", console=False, propagate=True) as r:
+            await r.run(["sh", "-c", "echo quiet; echo loud >&2"], name="e")
+    finally:
+        root.removeHandler(caught)
+        root.setLevel(old)
+    assert "loud" in caught.messages()
+    assert "quiet" not in caught.messages()
+
+
+async def test_handlers_passed_in_stay_open(tmp_path: Path) -> None:
+    mine = logging.FileHandler(tmp_path / "mine.log")
+    mine.setLevel(logging.INFO)
+    async with corral.open_runner(console=False, handlers=[mine]) as r:
+        await r.run(["echo", "first"], name="a")
+    assert mine.stream is not None  # not closed: still usable
+    async with corral.open_runner(console=False, handlers=[mine]) as r:
+        await r.run(["echo", "second"], name="b")
+    mine.close()
+    assert (tmp_path / "mine.log").read_text().split() == ["first", "second"]
