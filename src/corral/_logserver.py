@@ -78,6 +78,7 @@ import shutil
 import socket
 import struct
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -112,7 +113,7 @@ _PEERCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 # How many records a connection delivers between checkpoints when `deliver` itself
 # never yields.
-_RECORDS_PER_CHECKPOINT: Final = 64
+_RECORDS_PER_CHECKPOINT: Final = 256
 
 # accept() errors that mean "not now" rather than "never": retry after a pause.
 _OUT_OF_RESOURCES: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -172,10 +173,12 @@ class LogServer:
         max_frame: int = MAX_FRAME,
         receive_size: int = 65536,
         dir: str | None = None,
+        deliver_many: Callable[[list[logging.LogRecord]], Awaitable[None]] | None = None,
     ) -> None:
         if receive_size < 1:
             raise ValueError("receive_size must be positive")
         self._deliver: Final = deliver
+        self._deliver_many: Final = deliver_many
         self.hello_timeout: Final = hello_timeout
         self.linger: Final = linger
         self.max_frame: Final = max_frame
@@ -443,56 +446,71 @@ class LogServer:
         conn.hello_pid = hello.pid
         del messages[0]
 
-        since_checkpoint = 0
         while True:
             self.records_received += len(messages)
+            batch: list[logging.LogRecord] = []
+            bad = False
             for msg in messages:
                 if not isinstance(msg, Record):
-                    self._warn(conn, "a second hello on the same connection")
-                    return
-                await self._deliver(self._to_log_record(msg, conn))
-                conn.delivered += 1
-                self.records_delivered += 1
-                since_checkpoint += 1
-                if since_checkpoint >= _RECORDS_PER_CHECKPOINT:
-                    await anyio.lowlevel.checkpoint()
-                    since_checkpoint = 0
+                    bad = True
+                    break
+                batch.append(self._to_log_record(msg, conn))
+            # Deliver in slices, with a checkpoint between them, so that one big
+            # read never holds the loop for long.
+            for i in range(0, len(batch), _RECORDS_PER_CHECKPOINT):
+                part = batch[i : i + _RECORDS_PER_CHECKPOINT]
+                if self._deliver_many is not None:
+                    await self._deliver_many(part)
+                else:
+                    for record in part:
+                        await self._deliver(record)
+                conn.delivered += len(part)
+                self.records_delivered += len(part)
+                await anyio.lowlevel.checkpoint()
+            if bad:
+                self._warn(conn, "a second hello on the same connection")
+                return
             if error is not None:
                 self._warn(conn, f"{error}; closing after {conn.delivered} records")
                 return
             if eof:
                 return
-            await anyio.lowlevel.checkpoint()
-            since_checkpoint = 0
+            if not batch:
+                await anyio.lowlevel.checkpoint()
             messages, error, eof = await self._read(conn, decoder)
 
     @staticmethod
     def _to_log_record(rec: Record, conn: _Connection) -> logging.LogRecord:
-        record = logging.LogRecord(
-            rec.name,
-            rec.level,
-            rec.pathname,
-            rec.lineno,
-            rec.msg,
-            None,
-            None,
-            rec.func_name or None,
-            rec.stack_info,
-        )
+        # A dictionary copy of a template instead of LogRecord.__init__ (which looks
+        # up the current thread and process, and splits the path, on every call).
+        record = logging.LogRecord.__new__(logging.LogRecord)
+        fields = record.__dict__
+        fields.update(_RECORD_TEMPLATE)
+        pathname = rec.pathname
+        names = _PATH_NAMES.get(pathname)
+        if names is None:
+            names = _path_names(pathname)
         created = rec.created
         if not (math.isfinite(created) and abs(created) < _MAX_ABS_CREATED):
-            created = record.created  # Nonsense from the sender: use the arrival time.
-        record.created = created
-        record.msecs = math.floor((created - math.floor(created)) * 1000)
-        start: float = getattr(logging, "_startTime", created)
-        record.relativeCreated = (created - start) * 1000
-        record.levelname = rec.levelname
-        record.exc_text = rec.exc_text
-        record.process = rec.pid or conn.hello_pid
-        record.processName = rec.process_name
-        record.thread = None
-        record.threadName = rec.thread_name
-        record.__dict__.update(corral_source=conn.source, corral_stream="logging")
+            created = time.time()  # Nonsense from the sender: use the arrival time.
+        fields["name"] = rec.name
+        fields["msg"] = rec.msg
+        fields["levelname"] = rec.levelname
+        fields["levelno"] = rec.level
+        fields["pathname"] = pathname
+        fields["filename"], fields["module"] = names
+        fields["exc_text"] = rec.exc_text
+        fields["stack_info"] = rec.stack_info
+        fields["lineno"] = rec.lineno
+        fields["funcName"] = rec.func_name or None
+        fields["created"] = created
+        fields["msecs"] = math.floor((created - math.floor(created)) * 1000)
+        fields["relativeCreated"] = (created - _START_TIME) * 1000
+        fields["threadName"] = rec.thread_name
+        fields["processName"] = rec.process_name
+        fields["process"] = rec.pid or conn.hello_pid
+        fields["corral_source"] = conn.source
+        fields["corral_stream"] = "logging"
         return record
 
     def _warn(self, conn: _Connection, reason: str) -> None:
@@ -506,6 +524,23 @@ class LogServer:
                 "corral_reason": reason,
             },
         )
+
+
+_RECORD_TEMPLATE: Final = logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__.copy()
+_RECORD_TEMPLATE.update(thread=None)
+_START_TIME: Final[float] = getattr(logging, "_startTime", 0.0)
+_PATH_NAMES: dict[str, tuple[str, str]] = {}
+
+
+def _path_names(pathname: str) -> tuple[str, str]:
+    try:
+        filename = os.path.basename(pathname)
+        module = os.path.splitext(filename)[0]
+    except (TypeError, ValueError, AttributeError):
+        filename, module = pathname, "Unknown module"
+    if len(_PATH_NAMES) < 1024:
+        _PATH_NAMES[pathname] = (filename, module)
+    return filename, module
 
 
 def _belongs(pid: int | None, pgid: int) -> bool:

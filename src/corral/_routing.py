@@ -133,8 +133,19 @@ def _format_message(record: logging.LogRecord) -> str:
     return message
 
 
+_stamp_cache: tuple[int, str] = (-1, "")
+
+
 def _timestamp(record: logging.LogRecord) -> str:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
+    # strftime(localtime()) costs about 2 us; records come many per second, so the
+    # text of the current second is kept (one tuple, replaced atomically).
+    global _stamp_cache
+    created = record.created
+    second = int(created)
+    cached_second, stamp = _stamp_cache
+    if second != cached_second:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created))
+        _stamp_cache = (second, stamp)
     return f"{stamp}.{int(record.msecs):03d}"
 
 

@@ -601,7 +601,9 @@ class Runner:
         """
         with anyio.CancelScope(shield=True):
             try:
-                async with LogServer(self._deliver_remote) as server:
+                async with LogServer(
+                    self._deliver_remote, deliver_many=self._deliver_remote_many
+                ) as server:
                     self._logserver = server
                     self._log_env = {
                         os.fsencode(k): os.fsencode(v) for k, v in server.env("").items()
@@ -614,13 +616,19 @@ class Runner:
                 self._collector.close()
 
     async def _deliver_remote(self, record: logging.LogRecord) -> None:
-        """A :mod:`logging` record from a child's connection: to its tails and the handlers."""
-        source = getattr(record, "corral_source", "") or ""
+        await self._deliver_remote_many([record])
+
+    async def _deliver_remote_many(self, records: list[logging.LogRecord]) -> None:
+        """Records from one read of a child's connection (one source): to tails and handlers."""
+        source = getattr(records[0], "corral_source", "") or ""
         proc = self._live.get(source[len(self._name) + 1 :]) if "." in source else None
         if proc is not None and proc.source == source:
-            await proc._tails.publish([record])
-        if record.levelno >= self._collector.min_level:
-            await self._collector.put([record], len(record.msg) + len(record.exc_text or ""))
+            await proc._tails.publish(records)
+        min_level = self._collector.min_level
+        wanted = [r for r in records if r.levelno >= min_level]
+        if wanted:
+            size = sum(len(r.msg) + len(r.exc_text or "") for r in wanted)
+            await self._collector.put(wanted, size)
 
     async def _drain_logs(self, proc: Process) -> None:
         if self._logserver is not None:
