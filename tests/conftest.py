@@ -8,6 +8,7 @@ and look at the real process table.
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import time
@@ -17,6 +18,34 @@ from collections.abc import Iterable, Iterator
 import pytest
 
 TAG_VAR = "CORRAL_TEST_TAG"
+
+
+class ListHandler(logging.Handler):
+    """Keeps every record it is handed (DEBUG and up unless told otherwise)."""
+
+    def __init__(self, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self, source: str | None = None) -> list[str]:
+        """Messages of every record, or of one source's."""
+        return [
+            r.getMessage()
+            for r in self.records
+            if source is None or getattr(r, "corral_source", None) == source
+        ]
+
+    def lines(self, source: str) -> list[str]:
+        """The stdout and stderr lines of one source."""
+        return [
+            r.getMessage()
+            for r in self.records
+            if getattr(r, "corral_source", None) == source
+            and getattr(r, "corral_stream", None) in ("stdout", "stderr")
+        ]
 
 
 @pytest.fixture(scope="module", params=["asyncio", "trio"])

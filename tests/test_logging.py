@@ -11,28 +11,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from tests.conftest import ListHandler
 
 import corral
 
 pytestmark = pytest.mark.anyio
 
 PY = sys.executable
-
-
-class ListHandler(logging.Handler):
-    def __init__(self, level: int = logging.DEBUG) -> None:
-        super().__init__(level)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def messages(self, source: str | None = None) -> list[str]:
-        return [
-            r.getMessage()
-            for r in self.records
-            if source is None or getattr(r, "corral_source", None) == source
-        ]
 
 
 async def test_stdout_and_stderr_become_records_with_level_and_stream() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import signal
@@ -12,30 +11,13 @@ import time
 
 import anyio
 import pytest
-from tests.conftest import TAG_VAR, group_members, is_alive, tagged_pids
+from tests.conftest import TAG_VAR, ListHandler, group_members, is_alive, tagged_pids
 
 import corral
 
 pytestmark = pytest.mark.anyio
 
 PY = sys.executable
-
-
-class ListHandler(logging.Handler):
-    def __init__(self, level: int = logging.DEBUG) -> None:
-        super().__init__(level)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def lines(self, source: str) -> list[str]:
-        return [
-            r.getMessage()
-            for r in self.records
-            if getattr(r, "corral_source", None) == source
-            and getattr(r, "corral_stream", None) in ("stdout", "stderr")
-        ]
 
 
 def ready_child(body: str = "time.sleep(1000)", setup: str = "") -> list[str]:

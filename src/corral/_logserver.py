@@ -90,6 +90,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.abc import SocketAttribute
 
+from . import _platform
 from ._wire import (
     ENV_SECRET,
     ENV_SOCKET,
@@ -545,15 +546,7 @@ def _path_names(pathname: str) -> tuple[str, str]:
 
 def _belongs(pid: int | None, pgid: int) -> bool:
     """Whether process *pid* is gone (its socket is closing) or still in group *pgid*."""
-    if pid is None:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return fields[0] in (b"Z", b"X") or int(fields[2]) == pgid
+    return pid is not None and _platform.gone_or_in_group(pid, pgid)
 
 
 def _peer_pid(stream: anyio.abc.SocketStream) -> int | None:

@@ -31,6 +31,7 @@ __all__ = [
     "FD_PER_CHILD",
     "exit_status",
     "fd_limits",
+    "gone_or_in_group",
     "is_exiting",
     "pidfd_open",
     "raise_fd_limit",
@@ -168,6 +169,16 @@ def wait_blocking(pid: int) -> int:
 _PF_EXITING = 0x4
 
 
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or ``None`` if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def is_exiting(pid: int) -> bool:
     """Whether ``pid`` has begun to exit (or is gone), even before it is a zombie.
 
@@ -176,14 +187,19 @@ def is_exiting(pid: int) -> bool:
     the child asks this to tell "the child closed it" from "the child is
     exiting".  Reads the ``PF_EXITING`` flag from ``/proc/<pid>/stat``.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
+    fields = _stat_fields(pid)
+    if fields is None:
         return True
-    fields = stat[stat.rfind(b")") + 2 :].split()
     state, flags = fields[0], int(fields[6])
     return state in (b"Z", b"X", b"x") or bool(flags & _PF_EXITING)
+
+
+def gone_or_in_group(pid: int, pgid: int) -> bool:
+    """Whether ``pid`` has exited (or is a zombie) or is still a member of group ``pgid``."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return True
+    return fields[0] in (b"Z", b"X", b"x") or int(fields[2]) == pgid
 
 
 def reap(pid: int) -> None:
