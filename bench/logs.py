@@ -67,6 +67,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from _ticker import Ticker  # bench/ is on sys.path when a script runs
+
 BACKENDS = ("asyncio", "trio")
 TARGET_A = 1.5
 TARGET_B = 0.5
@@ -134,26 +136,6 @@ def child_argv(mode: str, n: int, out: str = "-") -> list[str]:
 
 # --------------------------------------------------------------------------------------
 # measurement helpers (run inside a worker process)
-
-
-class Ticker:
-    """A 1 ms ticker; ``worst`` is the largest gap between wake-ups minus 1 ms (seconds)."""
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-
-    async def run(self, *, task_status: Any) -> None:
-        import anyio
-
-        last = time.perf_counter()
-        task_status.started()
-        while True:
-            await anyio.sleep(0.001)
-            now = time.perf_counter()
-            gap = now - last - 0.001
-            if gap > self.worst:
-                self.worst = gap
-            last = now
 
 
 async def with_ticker(body: Callable[[], Awaitable[Any]]) -> tuple[Any, float]:
