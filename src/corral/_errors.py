@@ -52,13 +52,18 @@ class ProcessFailed(subprocess.CalledProcessError, CorralError):
 
     Attributes:
         name: the process's name within its runner.
-        pid: its process id.
+        pid: its process id (of its last run, if it was restarted).
         returncode: the exit code; negative (``-signum``) if a signal killed it,
             as in :mod:`subprocess`.
         signal: the :class:`signal.Signals` that killed it, or ``None``.
         cmd: the argument vector it was started with.
-        stderr: the last :data:`STDERR_TAIL_BYTES` bytes it wrote to stderr
-            (``b""`` when stderr was not captured).
+        stdout: what it wrote to stdout, when :meth:`Runner.run` collected it
+            (``stdout=PIPE``), else ``None``.  ``output`` is the same.
+        stderr: what it wrote to stderr when collected (``stderr=PIPE``);
+            otherwise the last :data:`STDERR_TAIL_BYTES` bytes of it when it
+            went to the log (``b""`` when stderr went elsewhere).
+        restarts: how many times it had been restarted before this failure
+            (see the ``restart=`` option of :meth:`Runner.start`).
     """
 
     def __init__(
@@ -68,11 +73,14 @@ class ProcessFailed(subprocess.CalledProcessError, CorralError):
         *,
         name: str,
         pid: int,
-        stderr: bytes = b"",
+        stdout: bytes | None = None,
+        stderr: bytes | None = b"",
+        restarts: int = 0,
     ) -> None:
-        super().__init__(returncode, list(cmd), output=None, stderr=stderr)
+        super().__init__(returncode, list(cmd), output=stdout, stderr=stderr)
         self.name = name
         self.pid = pid
+        self.restarts = restarts
         self.signal: signal.Signals | None = None
         if returncode < 0:
             try:
@@ -84,8 +92,17 @@ class ProcessFailed(subprocess.CalledProcessError, CorralError):
         # Exceptions pickle through ``self.args``; ours take keyword-only
         # arguments, so spell the round trip out.
         return (
-            _rebuild_process_failed,
-            (self.returncode, self.cmd, self.name, self.pid, self.stderr),
+            _rebuild,
+            (
+                type(self),
+                self.returncode,
+                self.cmd,
+                self.name,
+                self.pid,
+                self.output,
+                self.stderr,
+                self.restarts,
+            ),
         )
 
     @property
@@ -97,7 +114,9 @@ class ProcessFailed(subprocess.CalledProcessError, CorralError):
 
     def __str__(self) -> str:
         text = f"process {self.name!r} (pid {self.pid}) {self.reason}"
-        tail = self.stderr_text.rstrip()
+        if self.restarts:
+            text += f" after {self.restarts} restart{'s' if self.restarts != 1 else ''}"
+        tail = self.stderr_text[-STDERR_TAIL_BYTES:].rstrip()
         if tail:
             lines = tail.splitlines()[-10:]
             text += "; last stderr lines:\n" + "\n".join("  " + line for line in lines)
@@ -105,17 +124,24 @@ class ProcessFailed(subprocess.CalledProcessError, CorralError):
 
     @property
     def stderr_text(self) -> str:
-        """The stderr tail decoded as UTF-8 (undecodable bytes replaced)."""
+        """The stderr bytes decoded as UTF-8 (undecodable bytes replaced)."""
         data = self.stderr or b""
         if isinstance(data, str):
             return data
         return bytes(data).decode("utf-8", "replace")
 
 
-def _rebuild_process_failed(
-    returncode: int, cmd: Sequence[str], name: str, pid: int, stderr: bytes
+def _rebuild(
+    cls: type[ProcessFailed],
+    returncode: int,
+    cmd: Sequence[str],
+    name: str,
+    pid: int,
+    stdout: bytes | None,
+    stderr: bytes | None,
+    restarts: int,
 ) -> ProcessFailed:
-    return ProcessFailed(returncode, cmd, name=name, pid=pid, stderr=stderr)
+    return cls(returncode, cmd, name=name, pid=pid, stdout=stdout, stderr=stderr, restarts=restarts)
 
 
 class StartupFailed(ProcessFailed):
@@ -126,21 +152,9 @@ class StartupFailed(ProcessFailed):
     code may even be 0 — what failed is the start.
     """
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            _rebuild_startup_failed,
-            (self.returncode, self.cmd, self.name, self.pid, self.stderr),
-        )
-
     @property
     def reason(self) -> str:
         return super().reason + " before reporting that it started"
-
-
-def _rebuild_startup_failed(
-    returncode: int, cmd: Sequence[str], name: str, pid: int, stderr: bytes
-) -> StartupFailed:
-    return StartupFailed(returncode, cmd, name=name, pid=pid, stderr=stderr)
 
 
 class HandshakeError(CorralError, ValueError):

@@ -10,28 +10,64 @@ the direct child (so ``sh -c 'sleep 100 & wait'`` still orphans the
 several times slower.
 
 corral uses a lifeline instead.  Each runner starts one small helper
-process, the *lifeline*, whose stdin is a pipe from the runner.  The runner
-writes ``+<pgid>`` when it starts a child and ``-<pgid>`` once that child's
-group has been reaped.  The helper ignores the usual stop signals and simply
-reads.  When the read returns end-of-file, the runner's process is gone — or
-the runner closed the pipe on a clean exit — and the helper sends SIGKILL to
-every group still on its list, then exits.  End-of-file arrives the moment
-the kernel closes the dead launcher's descriptors, so children and
-grandchildren die within milliseconds, whatever thread spawned them.
+process, the *lifeline*, whose stdin is one end of a socket pair; the runner
+keeps the other.  The runner tells it, one short line each:
+
+``?<n>``
+    "I am about to spawn child number *n*".  The child carries the marker
+    ``CORRAL_LIFELINE=<token>.<n>`` in its environment, so the lifeline can
+    find it in ``/proc`` even if the launcher dies after the spawn but before
+    it heard the child's pid (``posix_spawn`` and ``Popen`` return only once
+    the child has exec'd: there is such a window).
+``+<pgid> <n>``
+    child *n* runs as the leader of process group *pgid*.
+``!<n>``
+    child *n* was never spawned (the spawn failed).
+``-<pgid>``
+    that group was reaped (its id may be reused from now on).
+``d<path>`` / ``D<path>``
+    remove that folder if the launcher dies (the log socket's) / forget it.
+
+The helper ignores the usual stop signals and simply reads.  When the read
+returns end-of-file, the runner's process is gone — or the runner closed its
+end on a clean exit — and the helper sends SIGKILL to every group still on
+its list and to every process in ``/proc`` that carries the marker of a child
+that was announced but not registered, removes the folders on its list, and
+exits.  End-of-file arrives the moment the kernel closes the dead launcher's
+descriptors, so children and grandchildren die within milliseconds, whatever
+thread spawned them.
+
+Descendants that left their process group (a daemon that called ``setsid``)
+are *not* killed: a process that puts itself in a new session has asked to
+live on its own, and nothing identifies it reliably (it may have cleared its
+environment).  Children started with ``start_new_session=True`` are leaders
+of their own group and are killed like any other.
+
+The runner watches the helper through a pidfd: if it dies (killed by an
+administrator or the OOM killer), the runner logs an ERROR and starts a new
+one that adopts every live group.  It writes with ``MSG_NOSIGNAL``, so a dead
+helper can never turn into a ``SIGPIPE`` that kills the launcher.
 
 The helper is started with ``python -I -S`` (no site, no user paths): it
-imports nothing but ``os`` and ``signal`` and costs a few megabytes.
+imports nothing but ``os`` and ``signal`` until the launcher dies, and costs a
+few megabytes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import signal
+import socket
+import subprocess
 import sys
+from collections.abc import Callable
 
 import anyio
-import anyio.to_thread
 
-from . import _platform
+from . import _childenv, _platform
+from ._backend import outlast_native_cancel
 
 __all__ = ["Lifeline"]
 
@@ -40,96 +76,236 @@ import os, signal
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
           signal.SIGUSR2, signal.SIGPIPE):
     signal.signal(s, signal.SIG_IGN)
-groups = set()
-pending = b""
+marker = os.environ["CORRAL_LIFELINE_TOKEN"].encode()
+groups, pending, folders = set(), set(), set()
+buffered = b""
 while True:
     try:
         chunk = os.read(0, 65536)
     except InterruptedError:
         continue
+    except OSError:
+        break
     if not chunk:
         break
-    pending += chunk
-    *lines, pending = pending.split(b"\n")
+    buffered += chunk
+    *lines, buffered = buffered.split(b"\n")
     for line in lines:
-        if line[:1] == b"+":
-            groups.add(int(line[1:]))
-        elif line[:1] == b"-":
-            groups.discard(int(line[1:]))
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            pgid, _, n = rest.partition(b" ")
+            groups.add(int(pgid))
+            pending.discard(n)
+        elif kind == b"-":
+            groups.discard(int(rest))
+        elif kind == b"?":
+            pending.add(rest)
+        elif kind == b"!":
+            pending.discard(rest)
+        elif kind == b"d":
+            folders.add(rest)
+        elif kind == b"D":
+            folders.discard(rest)
 for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+if pending:
+    wanted = {b"CORRAL_LIFELINE=" + marker + b"." + n for n in pending}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/" + entry + "/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted.intersection(env):
+            pid = int(entry)
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+if folders:
+    import shutil
+    for folder in folders:
+        shutil.rmtree(os.fsdecode(folder), ignore_errors=True)
 """
+
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 class Lifeline:
-    """The runner's side of the lifeline: start it, tell it about groups, close it."""
+    """The runner's side of the lifeline: start it, tell it about children, watch it."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[str], None] | None = None) -> None:
+        self._token = secrets.token_hex(8)
+        self._on_error = on_error
         self._pid: int | None = None
-        self._write_fd: int | None = None
-        self._broken = False
+        self._pidfd: int | None = None
+        self._sock: socket.socket | None = None
+        self._groups: set[int] = set()
+        self._folders: set[str] = set()
+        self._next = 0
+        self._closing = False
+        self._restarts = 0
 
     @property
     def pid(self) -> int | None:
         """The helper's pid while it runs."""
         return self._pid
 
-    def start_blocking(self) -> None:
-        """Spawn the helper (blocking; run it in a worker thread)."""
-        read_fd, write_fd = os.pipe()
+    @property
+    def restarts(self) -> int:
+        """How many times a dead helper was replaced."""
+        return self._restarts
+
+    def start(self) -> None:
+        """Spawn the helper (a few hundred microseconds, on the calling thread)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                env = {b"PATH": os.environb.get(b"PATH", os.defpath.encode())}
-                self._pid = _platform.spawn(
-                    [sys.executable, "-I", "-S", "-c", _HELPER],
-                    env=env,
-                    cwd=None,
-                    fds={0: read_fd, 1: devnull, 2: devnull},
-                )
-            finally:
-                os.close(devnull)
+            env = {
+                b"PATH": os.environb.get(b"PATH", os.defpath.encode()),
+                b"CORRAL_LIFELINE_TOKEN": self._token.encode(),
+            }
+            pid = _platform.spawn(
+                [sys.executable, "-I", "-S", "-c", _HELPER],
+                env=env,
+                cwd="/",
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         except BaseException:
-            os.close(write_fd)
+            ours.close()
             raise
         finally:
-            os.close(read_fd)
-        self._write_fd = write_fd
+            theirs.close()
+        self._pid = pid
+        self._pidfd = _platform.pidfd_open(pid)
+        self._sock = ours
+        state = [b"+%d 0\n" % pgid for pgid in self._groups]
+        state += [b"d" + os.fsencode(folder) + b"\n" for folder in self._folders]
+        if state:
+            self._send(b"".join(state))
 
-    def _send(self, line: bytes) -> None:
-        # A short line to a pipe that the helper drains at once: the write
-        # does not block in practice (the pipe holds 64 KiB).  If the helper
-        # was killed by someone, carry on without it.
-        if self._write_fd is None or self._broken:
-            return
-        try:
-            os.write(self._write_fd, line)
-        except BrokenPipeError:
-            self._broken = True
+    # -- what the runner tells it -------------------------------------------------------
 
-    def add(self, pgid: int) -> None:
-        """Put a process group on the helper's list."""
-        self._send(b"+%d\n" % pgid)
+    def announce(self, env: dict[bytes, bytes]) -> bytes:
+        """Before a spawn: put the marker into the child's ``env``; returns the spawn's number."""
+        self._next += 1
+        number = b"%d" % self._next
+        env[_childenv.LIFELINE.encode()] = self._token.encode() + b"." + number
+        self._send(b"?" + number + b"\n")
+        return number
+
+    def spawned(self, number: bytes, pgid: int) -> None:
+        """The announced child runs as the leader of group ``pgid``."""
+        self._groups.add(pgid)
+        self._send(b"+%d " % pgid + number + b"\n")
+
+    def failed(self, number: bytes) -> None:
+        """The announced child was never spawned."""
+        self._send(b"!" + number + b"\n")
 
     def remove(self, pgid: int) -> None:
         """Take a reaped group off the list (its id may now be reused)."""
+        self._groups.discard(pgid)
         self._send(b"-%d\n" % pgid)
 
-    async def aclose(self) -> None:
-        """Close the pipe and wait for the helper to exit (it kills nothing: the list is empty)."""
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
-        pid, self._pid = self._pid, None
-        if pid is None:
+    def add_folder(self, path: str) -> None:
+        """Remove ``path`` if the launcher dies."""
+        self._folders.add(path)
+        self._send(b"d" + os.fsencode(path) + b"\n")
+
+    def remove_folder(self, path: str) -> None:
+        self._folders.discard(path)
+        self._send(b"D" + os.fsencode(path) + b"\n")
+
+    def _send(self, line: bytes) -> None:
+        # A short line into a socket that the helper drains at once: the send
+        # does not block in practice.  If the helper is gone, replace it.
+        if self._sock is None or self._closing:
             return
-        fd = _platform.pidfd_open(pid)
+        try:
+            self._sock.send(line, _SEND_FLAGS)
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+                raise
+            self._replace("its socket was closed")
+            # The new helper got the groups and folders already; only a
+            # pending announcement ("?n") would be lost, so resend it.
+            if line[:1] == b"?" and self._sock is not None:
+                self._sock.send(line, _SEND_FLAGS)
+
+    # -- watching it --------------------------------------------------------------------
+
+    def _replace(self, why: str) -> None:
+        pid = self._pid
+        self._drop()
+        self._restarts += 1
+        if self._on_error is not None:
+            self._on_error(
+                f"the lifeline process (pid {pid}) died ({why}); starting a new one that "
+                f"adopts {len(self._groups)} running process group(s)"
+            )
+        self.start()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._pidfd is not None:
+            # watch() may be waiting on it: wake it before the number is reused.
+            anyio.notify_closing(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self._pid is not None:
+            _platform.reap(self._pid)
+            self._pid = None
+
+    async def watch(self, until: anyio.Event) -> None:
+        """Replace the helper whenever it dies, until ``until`` is set (a runner task)."""
+        async with anyio.create_task_group() as tg:
+
+            async def stop_at_end() -> None:
+                await until.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_at_end)
+            while True:
+                fd = self._pidfd
+                if fd is None:  # pragma: no cover - only between _drop and start
+                    return
+                try:
+                    await anyio.wait_readable(fd)
+                except anyio.ClosedResourceError:
+                    continue  # replaced meanwhile (a send found it dead)
+                if self._closing or fd != self._pidfd:
+                    continue
+                assert self._pid is not None
+                self._replace(_platform.describe_exit(self._pid))
+
+    async def aclose(self) -> None:
+        """Close our end and wait (briefly) for the helper to exit; it kills nothing then."""
+        self._closing = True
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        pid, fd = self._pid, self._pidfd
+        self._pid = self._pidfd = None
+        if pid is None or fd is None:
+            return
         try:
             with anyio.CancelScope(shield=True):
-                await anyio.wait_readable(fd)
+                with anyio.move_on_after(5) as deadline:
+                    await outlast_native_cancel(lambda: anyio.wait_readable(fd), deadline)
+                    return
+                # Stopped by someone (SIGSTOP)?  It has nothing left to do.
+                os.kill(pid, signal.SIGKILL)
+                await outlast_native_cancel(lambda: anyio.wait_readable(fd))
         finally:
             os.close(fd)
-        _platform.reap(pid)
+            _platform.reap(pid)

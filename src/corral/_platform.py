@@ -3,9 +3,12 @@
 corral needs a handful of operating-system facilities that the standard
 library exposes thinly or not at all:
 
-* spawning a child in a process group of its own, with chosen descriptors
-  in chosen slots, without a ``preexec_fn`` (which would force ``fork``
-  instead of ``vfork`` and make every spawn several times slower);
+* spawning a child as the leader of a process group of its own, with chosen
+  descriptors in chosen slots and nothing else inherited.  :class:`subprocess.Popen`
+  does this well (``process_group=0``, ``close_fds``, ``cwd``, ``user``...,
+  with ``vfork`` and ``close_range`` under the hood, as fast as
+  ``posix_spawn`` here), so corral uses it for the spawn alone and manages
+  the child itself from then on;
 * a *pidfd*, a descriptor that becomes readable when a process exits, so
   that waiting for a child is an ordinary "wait until readable" on the event
   loop rather than a thread blocked in ``waitpid`` or a polling loop;
@@ -13,9 +16,11 @@ library exposes thinly or not at all:
   ``WNOWAIT``): while the exited leader stays a zombie, its process-group id
   cannot be handed to another process, so the runner can still signal what
   the child left behind in its group safely;
+* ``/proc``: whether a process has begun to exit, and its process group;
 * the descriptor limit (``RLIMIT_NOFILE``).
 
-A port to another Unix replaces this module and nothing else.
+A port to another Unix replaces this module (and the lifeline's ``/proc``
+scan) and nothing else.
 """
 
 from __future__ import annotations
@@ -25,115 +30,150 @@ import os
 import resource
 import shutil
 import signal
-from collections.abc import Mapping, Sequence
+import subprocess
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
+
+from . import _childenv
 
 __all__ = [
     "FD_PER_CHILD",
+    "StatusLost",
     "exit_status",
     "fd_limits",
-    "gone_or_in_group",
     "is_exiting",
     "pidfd_open",
     "raise_fd_limit",
     "reap",
-    "wait_blocking",
     "signal_group",
     "spawn",
+    "wait_blocking",
 ]
-
-#: Signals a child gets back at their default disposition even when the
-#: launcher ignores them (a launcher started in the background by a
-#: non-interactive shell ignores SIGINT, for instance).  Without this, the
-#: runner's own stop and forwarding signals could be silently ignored.
-_RESET_SIGNALS = tuple(
-    s
-    for s in (
-        signal.SIGINT,
-        signal.SIGTERM,
-        signal.SIGHUP,
-        signal.SIGQUIT,
-        signal.SIGPIPE,
-        signal.SIGXFSZ,
-        signal.SIGUSR1,
-        signal.SIGUSR2,
-    )
-)
 
 #: Descriptors the launcher holds per running child at most: the pidfd and
 #: the read ends of its stdout and stderr pipes.  Features that add channels
-#: (the start-up handshake, a log connection) add one each while in use.
+#: (the start-up handshake, a log connection, ``stdin=PIPE``) add one each
+#: while in use.
 FD_PER_CHILD = 3
 
-# ``posix_spawn`` cannot change directory portably (glibc's
-# ``addchdir_np`` is not exposed by Python), so a child with a ``cwd`` is
-# started through a one-line POSIX shell script that changes directory and
-# then *replaces itself* with the real program: the pid, process group and
-# descriptors are the child's own.
-_CHDIR_SHIM = 'cd -- "$1" || exit 126; shift; exec "$@"'
+# The start-up handshake needs the pipe at descriptor 3 in the child, and
+# Popen can place descriptors only at 0, 1 and 2.  So a child that reports
+# its start is started through a one-line shell script that receives the
+# pipe as its stdin, moves it to 3, sets up the real stdin and *replaces
+# itself* with the program: the pid, process group, argv (argv[0] included)
+# and environment are the program's own.  dash handles single-digit
+# descriptors only, so a stdin other than /dev/null, which arrives at a
+# number above 9, is moved by bash.
+_HANDSHAKE_SHIM_NULL: Final = 'exec 3>&0 0</dev/null && exec "$@"'
+_HANDSHAKE_SHIM_FD: Final = 'exec 3>&0 0<&{fd} {fd}<&- && exec "$@"'
+_SHIM_NAME: Final = "corral-handshake"
 
 
-def _resolve(program: str, env: Mapping[bytes, bytes], cwd: str | None) -> str:
-    """Find ``program`` the way ``execvp`` would, raising as :mod:`subprocess` does."""
+class StatusLost(ChildProcessError):
+    """A child's exit status could not be read: someone else reaped it.
+
+    Happens when the application ignores ``SIGCHLD`` (the kernel then reaps
+    every child itself) or reaps children on its own (``waitpid(-1)``).
+    """
+
+
+def _resolve(program: str, env: Mapping[bytes, bytes], cwd: str | None) -> None:
+    """Raise as :mod:`subprocess` would if ``program`` cannot be executed."""
     if os.sep in program:
         path = program if cwd is None else os.path.join(cwd, program)
         if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
         if not os.access(path, os.X_OK) or os.path.isdir(path):
             raise PermissionError(errno.EACCES, "Permission denied", program)
-        return program
+        return
     search = env.get(b"PATH")
     found = shutil.which(program, path=os.fsdecode(search) if search is not None else os.defpath)
     if found is None:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
-    return found
 
 
 def spawn(
-    argv: Sequence[str],
+    argv: Sequence[str | bytes | os.PathLike[str] | os.PathLike[bytes]],
     *,
     env: Mapping[bytes, bytes],
-    cwd: str | None,
-    fds: Mapping[int, int],
+    cwd: str | os.PathLike[str] | None,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    handshake: int | None = None,
+    pass_fds: Collection[int] = (),
+    start_new_session: bool = False,
+    user: str | int | None = None,
+    group: str | int | None = None,
+    extra_groups: Collection[str | int] | None = None,
+    umask: int = -1,
 ) -> int:
     """Start ``argv`` as the leader of a new process group and return its pid.
 
-    ``fds`` maps each descriptor number the child should have (0, 1, 2 and
-    any others) to a descriptor of ours that it is a copy of.  Everything
-    else the launcher has open is close-on-exec (Python's default since PEP
-    446) and does not leak into the child.  Errors that the standard library
+    ``stdin``, ``stdout`` and ``stderr`` are descriptors of ours that the
+    child gets as 0, 1 and 2 (or :data:`subprocess.DEVNULL`); ``handshake``,
+    if given, becomes its descriptor 3.  Nothing else the launcher has open leaks into the child
+    (``close_fds``), except ``pass_fds``.  Errors that :mod:`subprocess`
     reports as exceptions (no such program, no such directory, not
-    executable) are raised here, before anything has been spawned.
+    executable) are raised here, with nothing left running.
 
     This call blocks for the few hundred microseconds a ``vfork``-style
-    spawn takes.  CPython holds the GIL throughout ``os.posix_spawn``, so a
-    worker thread would stall the event loop just as long; the runner calls
-    it on the loop thread, one child at a time, and yields in between.
+    spawn takes; CPython holds the GIL through it, so a worker thread would
+    stall the event loop just as long.  The runner calls it on the loop
+    thread, one child at a time, and yields in between.
     """
     if not argv:
         raise ValueError("argv must name a program")
-    program = _resolve(argv[0], env, cwd)
-    if cwd is not None:
-        if not os.path.isdir(cwd):
-            if os.path.exists(cwd):
-                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", cwd)
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", cwd)
-        exec_path = "/bin/sh"
-        exec_argv = ["sh", "-c", _CHDIR_SHIM, "sh", cwd, program, *argv[1:]]
-        # argv[0] is the program path here, not the caller's argv[0]; the
-        # shell's ``exec`` cannot set a different one portably.
-    else:
-        exec_path = program
-        exec_argv = list(argv)
-    file_actions = [(os.POSIX_SPAWN_DUP2, source, target) for target, source in sorted(fds.items())]
-    return os.posix_spawn(
-        exec_path,
-        exec_argv,
-        env,
-        file_actions=file_actions,
-        setpgroup=0,
-        setsigmask=(),
-        setsigdef=_RESET_SIGNALS,
+    args = list(argv)
+    passed = set(pass_fds)
+    if handshake is not None:
+        if _childenv.HANDSHAKE_FD in passed:
+            raise ValueError(
+                f"pass_fds may not contain {_childenv.HANDSHAKE_FD} with wait_started=True: "
+                "the child receives the start-up handshake pipe there"
+            )
+        program = os.fsdecode(args[0])
+        cwd_text = os.fsdecode(cwd) if cwd is not None else None
+        if cwd_text is not None and not os.path.isdir(cwd_text):
+            if os.path.exists(cwd_text):
+                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", cwd_text)
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", cwd_text)
+        _resolve(program, env, cwd_text)
+        if stdin == subprocess.DEVNULL:
+            args = ["/bin/sh", "-c", _HANDSHAKE_SHIM_NULL, _SHIM_NAME, *args]
+        else:
+            if not os.path.exists("/bin/bash"):  # pragma: no cover - bash is everywhere here
+                raise OSError(
+                    errno.ENOENT,
+                    "wait_started=True with a stdin other than DEVNULL needs /bin/bash",
+                )
+            passed.add(stdin)
+            script = _HANDSHAKE_SHIM_FD.format(fd=stdin)
+            args = ["/bin/bash", "-p", "-c", script, _SHIM_NAME, *args]
+        stdin = handshake
+    popen = subprocess.Popen(
+        args,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        cwd=cwd,
+        close_fds=True,
+        pass_fds=tuple(sorted(passed)),
+        user=user,
+        group=group,
+        extra_groups=extra_groups,
+        umask=umask,
+        start_new_session=start_new_session,
+        # A new session makes the child the leader of a new group already.
+        process_group=None if start_new_session else 0,
     )
+    # From here on the child is ours: the runner waits for it on a pidfd and
+    # reaps it itself.  Mark the Popen object finished so that it never calls
+    # waitpid on the child (its __del__ would, via subprocess._cleanup).
+    popen.returncode = 0
+    pid: int = popen.pid
+    return pid
 
 
 def pidfd_open(pid: int) -> int:
@@ -141,16 +181,24 @@ def pidfd_open(pid: int) -> int:
     return os.pidfd_open(pid)
 
 
+def exited_stand_in() -> int:
+    """A descriptor that is readable at once: the pidfd of a child that is already gone."""
+    return os.eventfd(1, os.EFD_CLOEXEC)
+
+
 def exit_status(pid: int) -> int | None:
     """The exit status of ``pid`` if it has exited, without reaping it.
 
     Returns ``None`` while it runs; otherwise the code in the convention of
     :mod:`subprocess`: the exit code, or ``-signum`` if a signal killed it.
+    Raises :class:`StatusLost` if the child was reaped by someone else.
     """
     try:
         result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
-        return None
+        raise StatusLost(
+            errno.ECHILD, f"the exit status of pid {pid} was collected elsewhere"
+        ) from None
     if result is None or result.si_pid == 0:
         return None
     if result.si_code == os.CLD_EXITED:
@@ -158,11 +206,38 @@ def exit_status(pid: int) -> int | None:
     return -result.si_status
 
 
+def describe_status(returncode: int) -> str:
+    """``"exited with code 3"`` or ``"killed by SIGTERM"``."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def describe_exit(pid: int) -> str:
+    """How an exited child ended, for a message (without reaping it)."""
+    try:
+        status = exit_status(pid)
+    except StatusLost:
+        return "its exit status was collected elsewhere"
+    return "still running" if status is None else describe_status(status)
+
+
 def wait_blocking(pid: int) -> int:
-    """Wait for ``pid`` to exit and return its status without reaping it (blocks)."""
-    result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    """Wait for ``pid`` to exit and return its status without reaping it (blocks).
+
+    Raises :class:`StatusLost` if the child was reaped by someone else.
+    """
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        raise StatusLost(
+            errno.ECHILD, f"the exit status of pid {pid} was collected elsewhere"
+        ) from None
     if result is None:  # pragma: no cover - cannot happen without WNOHANG
-        raise ChildProcessError(pid)
+        raise StatusLost(errno.ECHILD, f"no exit status for pid {pid}")
     return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
 
 

@@ -7,31 +7,41 @@ of the way.  The runners we learned from get this wrong in instructive
 ways: one signals only its direct children, so their own children are
 orphaned; one installs its handler per runner, so a second runner silently
 takes the signal away from the first; one sleeps for two seconds, blocking,
-inside async code; several never give the application its handler back.
+inside async code; several never give the application its handler back, or
+take it from an application (a web server, say) that needed it.
 
-While at least one runner with signal handling is open, corral owns
-SIGINT, SIGTERM and SIGHUP in this process.  There is exactly one handler,
-installed by the first such runner to be entered and removed — with
-whatever ``signal.getsignal`` returned before, be it Python's
-``default_int_handler``, asyncio's or Trio's own, or the application's —
-when the last one leaves.  Every open runner *subscribes* to it, whether
-the runners are siblings or nested; nothing a runner does can take the
-signal away from another.
+**Whose signal is it?**  A signal belongs to whoever installed its handler.
+By default (``handle_signals=None``) a runner takes a signal only when nobody
+holds it: when its handler is still the default (``SIG_DFL``, or Python's
+``default_int_handler`` for SIGINT).  If the application, its framework
+(uvicorn, hypercorn), ``asyncio.run`` or ``trio.run`` installed one, corral
+leaves it alone and relies on what that handler does — cancel the main task,
+raise :class:`KeyboardInterrupt` — since the cancellation that follows stops
+every child's group with its grace period anyway.  ``handle_signals=True``
+takes SIGINT, SIGTERM and SIGHUP whoever holds them (the ``corral`` command
+does), ``False`` never touches a handler.  Ignored signals (``SIG_IGN``, as
+SIGHUP is under ``nohup``) and handlers installed outside Python (which
+could not be put back) are always left alone.
+
+While at least one runner holds a signal, there is exactly one handler for
+it, installed by the first such runner and removed — with whatever was there
+before put back — when the last one leaves.  Each runner *subscribes* with
+the set of process groups it runs; nothing a runner does can take the signal
+away from another.
 
 Python runs signal handlers in the main thread, between two bytecodes of
 whatever that thread was doing: here, the event loop of every subscribed
-runner (a runner subscribes only when entered on the main thread).  So the
-handler does only what is safe at any point of that loop's work, and
-nothing that waits:
+runner.  So the handler does only what is safe at any point of that loop's
+work, and nothing that waits:
 
-1. The **sweep**: for every running child of every subscribed runner, mark
-   it as stop-requested (its exit is then not a failure) and send the same
-   signal to its whole process group with one ``killpg`` each.  A child
-   whose leader has already exited is skipped: after its leader is reaped,
-   a group id may belong to a stranger.
-2. For every subscribed runner, schedule a callback onto the runner's own
-   loop (``call_soon_threadsafe`` on asyncio, ``TrioToken.run_sync_soon`` on
-   Trio; both are safe in a signal handler) and return.
+1. The **sweep**: every registered process group of every subscriber gets
+   the same signal with one ``killpg`` each, and is marked as stopped on
+   purpose (its exit is then not a failure).  A group leaves the registry
+   before its leader is reaped, so the sweep never signals a group id that
+   may belong to a stranger.
+2. For every subscriber, a callback is scheduled onto the runner's own loop
+   (``call_soon_threadsafe`` on asyncio, ``TrioToken.run_sync_soon`` on
+   Trio; both are safe in a signal handler), and the handler returns.
 
 The callback, now an ordinary step of the loop, cancels the runner's
 scope.  Each child's supervisor then runs its usual stop, minus its stop
@@ -43,47 +53,38 @@ runner's ``async with`` raises :class:`KeyboardInterrupt` for SIGINT and
 :class:`~corral.Signalled` for SIGTERM and SIGHUP.
 
 A second signal while a runner is still stopping means "now": the handler
-sends SIGKILL to every group that is left, at once.
+sends SIGKILL to every group that is left, at once, and the runner drops
+whatever else its exit was still waiting for (log connections, a slow
+handler), with a warning saying what was dropped.
 
 The interrupt leaves the runner bare when nothing else went wrong (nested
 runners raise it once, not as a group of copies), and inside a
 :class:`BaseExceptionGroup` together with any other error; so
-``except* KeyboardInterrupt`` is the way to catch it.  One more case wraps
-it: on asyncio, a :class:`KeyboardInterrupt` escaping any task but the one
-``asyncio.run`` is running makes asyncio abandon the loop on the spot, so
-there the runner raises it inside a group, which task groups carry up like
-any other error.
+``except* KeyboardInterrupt`` is the way to catch it.  On asyncio, a
+:class:`KeyboardInterrupt` escaping any task but the one ``asyncio.run`` is
+running makes asyncio abandon the loop on the spot, so there the runner
+raises it inside a group, which task groups carry up like any other error.
 
 What is deliberately *not* done here: the handler never raises (an
 exception in a signal handler surfaces inside whatever the loop was doing
 and can wreck it), never logs (logging takes locks), and never chains to
-the previous handler (Python's, asyncio's and Trio's SIGINT handlers all
-interrupt or cancel the main task, which is exactly what an orderly stop
-must avoid).  Signals the process ignores (``SIG_IGN``, as SIGHUP is under
-``nohup``) stay ignored, and a signal whose handler was installed outside
-Python (``getsignal`` returns ``None``) is left alone, since it could not
-be put back.
+the previous handler.
 """
 
 from __future__ import annotations
 
-import asyncio
-import asyncio.base_events
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import anyio
 
+from ._backend import LoopHandle, is_asyncio_main_task
 from ._errors import Signalled
-from ._process import Process
 
-if TYPE_CHECKING:
-    from ._runner import Runner
-
-__all__ = ["HANDLED_SIGNALS", "Subscription", "subscribe", "wanted"]
+__all__ = ["HANDLED_SIGNALS", "Subscription", "Target", "subscribe"]
 
 #: The signals a runner handles while it is open.
 HANDLED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -91,11 +92,30 @@ HANDLED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, si
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 
 
+class Target(Protocol):
+    """A process group the sweep reaches (a running child)."""
+
+    def forward_signal(self, signum: int) -> None:
+        """Pass ``signum`` on to the group, as a stop requested on purpose."""
+
+
 class Subscription:
     """One runner's place in the dispatcher, from ``__aenter__`` to ``__aexit__``."""
 
-    def __init__(self, runner: Runner) -> None:
-        self._runner = runner
+    def __init__(
+        self,
+        name: str,
+        signals: frozenset[int],
+        loop: LoopHandle,
+        on_signal: Callable[[], None],
+        on_abort: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.signals = signals
+        self._loop = loop
+        self._on_signal = on_signal
+        self._on_abort = on_abort
+        self._targets: set[Target] = set()
         self._signal: int | None = None
         self._closed = False
 
@@ -104,49 +124,32 @@ class Subscription:
         """The first signal that reached this runner, or ``None``."""
         return self._signal
 
-    def _targets(self) -> list[Process]:
-        # Skip whatever is not (yet) a supervised Process — a child spawned
-        # this very moment gets the ordinary stop once the scope is
-        # cancelled — and every child whose leader has exited: its
-        # supervisor has killed what was left of its group already, and once
-        # the leader is reaped the group id is not ours to signal.
-        return [
-            proc
-            for proc in list(self._runner._live.values())
-            if isinstance(proc, Process) and not proc._reaped and not proc._leader_exited.is_set()
-        ]
+    def add(self, target: Target) -> None:
+        self._targets.add(target)
 
-    def _sweep(self, signum: int) -> None:
-        """Signal every child's group (called in the signal handler)."""
-        if self._closed:
-            return
-        if self._signal is None:
+    def discard(self, target: Target) -> None:
+        self._targets.discard(target)
+
+    def _sweep(self, signum: int) -> bool:
+        """Signal every group (in the signal handler); ``True`` on a repeated signal."""
+        if self._closed or signum not in self.signals:
+            return False
+        again = self._signal is not None
+        if not again:
             self._signal = signum
-            forward = signum
-        else:
-            forward = signal.SIGKILL  # asked twice: stop everything now
-        for proc in self._targets():
-            proc._forward_stop(forward)
+        forward = signal.SIGKILL if again else signum
+        for target in list(self._targets):
+            target.forward_signal(forward)
+        return again
 
-    def _schedule(self) -> None:
-        """Ask the runner's loop to cancel the scope (called in the signal handler)."""
+    def _schedule(self, again: bool) -> None:
+        """Ask the runner's loop to act (in the signal handler)."""
         if self._closed:
             return
-        native = self._runner.token.native.native_token
         try:
-            if self._runner.token.backend == "asyncio":
-                native.call_soon_threadsafe(self._on_loop)  # type: ignore[attr-defined]
-            else:
-                native.run_sync_soon(self._on_loop)  # type: ignore[attr-defined]
-        except Exception:
-            # The loop has finished or closed: its runner has left already.
-            pass
-
-    def _on_loop(self) -> None:
-        """Runs on the runner's loop soon after the signal: cancel the runner's scope."""
-        tg = self._runner._tg
-        if not self._closed and tg is not None:
-            tg.cancel_scope.cancel()
+            self._loop.call_soon_threadsafe(self._on_abort if again else self._on_signal)
+        except anyio.RunFinishedError:
+            pass  # the loop has finished: its runner has left already
 
     def close(self, error: BaseException | None) -> None:
         """Unsubscribe; then, if a signal stopped the runner, raise what it means.
@@ -164,10 +167,11 @@ class Subscription:
         # here, and is raised below rather than lost.
         _dispatcher.unsubscribe(self)
         self._closed = True
+        self._targets.clear()
         if self._signal is None:
             return
         outcome = _outcome(self._signal)
-        message = f"runner {self._runner.name!r} was stopped by {signal.Signals(self._signal).name}"
+        message = f"runner {self.name!r} was stopped by {signal.Signals(self._signal).name}"
         if (
             error is None
             or _only(type(outcome), error)
@@ -175,8 +179,10 @@ class Subscription:
             # stronger news, and a cancellation must not travel in a group.
             or isinstance(error, anyio.get_cancelled_exc_class())
         ):
-            if isinstance(outcome, KeyboardInterrupt) and not _may_raise_bare_interrupt(
-                self._runner.token.backend
+            if (
+                isinstance(outcome, KeyboardInterrupt)
+                and self._loop.backend == "asyncio"
+                and not is_asyncio_main_task()
             ):
                 raise BaseExceptionGroup(message, [outcome]) from None
             raise outcome from None
@@ -189,43 +195,19 @@ def _outcome(signum: int) -> BaseException:
     return Signalled(signum)
 
 
-def _may_raise_bare_interrupt(backend: str) -> bool:
-    """Whether a bare :class:`KeyboardInterrupt` may leave the current task.
-
-    On Trio it always may: it travels up through nurseries like any error.
-    asyncio, though, treats a :class:`KeyboardInterrupt` escaping a task
-    specially: it re-raises it straight out of the event loop, abandoning
-    every other task mid-step, and ``asyncio.run`` then cancels those
-    natively, which no cancel scope's shield withstands (with two sibling
-    runners, our experiment ended with the process hanging at exit, waiting
-    for AnyIO's worker threads that were never told to stop).  That is
-    harmless only in the task that ``asyncio.run`` (or
-    ``run_until_complete``) is running, which is over anyway.  Anywhere
-    else the interrupt is raised inside a :class:`BaseExceptionGroup`, which
-    task groups carry up like any error; that is what Trio's task groups
-    make of it a level higher anyway.
-    """
-    if backend != "asyncio":
-        return True
-    task = asyncio.current_task()
-    if task is None:
-        return False
-    done_callback = getattr(asyncio.base_events, "_run_until_complete_cb", None)
-    # A task's done callbacks are not public; this is how AnyIO finds the
-    # root task too.  If it ever stops working we wrap, which is safe.
-    callbacks = getattr(task, "_callbacks", None) or ()
-    return any(
-        callback is done_callback or getattr(callback, "__module__", None) == "uvloop.loop"
-        for callback, _context in callbacks
-    )
-
-
 def _only(kind: type[BaseException], error: BaseException) -> bool:
     """Whether ``error`` is ``kind``, or a group of nothing else (a nested runner's outcome)."""
     if isinstance(error, BaseExceptionGroup):
         _, rest = error.split(kind)
         return rest is None
     return isinstance(error, kind)
+
+
+def _is_free(handler: _Handler, signum: int) -> bool:
+    """Whether nobody holds ``signum``: its handler is still Python's default."""
+    return handler == signal.SIG_DFL or (
+        signum == signal.SIGINT and handler is signal.default_int_handler
+    )
 
 
 class _Dispatcher:
@@ -242,7 +224,21 @@ class _Dispatcher:
 
     @property
     def installed(self) -> bool:
-        return bool(self._subscribers)
+        return bool(self._previous)
+
+    def signals_for(self, mode: bool | None) -> frozenset[int]:
+        """The signals a runner entered now with ``handle_signals=mode`` takes."""
+        taken = set()
+        for signum in HANDLED_SIGNALS:
+            if signum in self._previous:
+                taken.add(int(signum))  # held by corral already: share it
+                continue
+            current = signal.getsignal(signum)
+            if current is None or current == signal.SIG_IGN:
+                continue
+            if mode or _is_free(current, signum):
+                taken.add(int(signum))
+        return frozenset(taken)
 
     # The order of the steps below keeps one invariant: whenever our handler
     # is installed, somebody is subscribed to it, so no signal is ever
@@ -250,45 +246,38 @@ class _Dispatcher:
 
     def subscribe(self, subscription: Subscription) -> None:
         self._subscribers.append(subscription)
-        if len(self._subscribers) == 1:
-            self._install()
-
-    def unsubscribe(self, subscription: Subscription) -> None:
-        if subscription not in self._subscribers:
-            return
-        if len(self._subscribers) == 1:
-            self._uninstall()
-        self._subscribers.remove(subscription)
-
-    def _install(self) -> None:
-        self._previous.clear()
-        for signum in HANDLED_SIGNALS:
-            previous = signal.getsignal(signum)
-            if previous is None or previous == signal.SIG_IGN:
+        for signum in subscription.signals:
+            if signum in self._previous:
                 continue
+            previous = signal.getsignal(signum)
             try:
                 signal.signal(signum, _handle)
             except (ValueError, OSError):  # pragma: no cover - e.g. a subinterpreter
                 continue
             self._previous[signum] = previous
 
-    def _uninstall(self) -> None:
-        for signum, previous in self._previous.items():
+    def unsubscribe(self, subscription: Subscription) -> None:
+        if subscription not in self._subscribers:
+            return
+        self._subscribers.remove(subscription)
+        still_wanted = {s for sub in self._subscribers for s in sub.signals}
+        for signum in list(self._previous):
+            if signum in still_wanted:
+                continue
+            previous = self._previous.pop(signum)
             # If someone replaced our handler meanwhile, theirs is newer
             # than what we would put back: leave it.
-            if signal.getsignal(signum) is _handle:
-                assert previous is not None
+            if signal.getsignal(signum) is _handle and previous is not None:
                 signal.signal(signum, previous)
-        self._previous.clear()
 
     def dispatch(self, signum: int) -> None:
         subscribers = list(self._subscribers)
         # First the sweep over every runner, so that all children get the
         # signal within microseconds of each other; then the loops.
-        for subscription in subscribers:
-            subscription._sweep(signum)
-        for subscription in subscribers:
-            subscription._schedule()
+        again = [subscription._sweep(signum) for subscription in subscribers]
+        for subscription, repeated in zip(subscribers, again, strict=True):
+            if signum in subscription.signals:
+                subscription._schedule(repeated)
 
 
 _dispatcher = _Dispatcher()
@@ -298,28 +287,34 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     _dispatcher.dispatch(signum)
 
 
-def wanted(handle_signals: bool | None) -> bool:
-    """Whether a runner being entered now should subscribe to the signal handler.
+def subscribe(
+    name: str,
+    mode: bool | None,
+    loop: LoopHandle,
+    on_signal: Callable[[], None],
+    on_abort: Callable[[], None],
+) -> Subscription | None:
+    """Subscribe a runner being entered now; ``None`` if it takes no signal.
 
-    ``None`` means "if entered on the main thread"; ``False`` never;
-    ``True`` always, and raises :class:`RuntimeError` off the main thread,
-    where Python cannot install signal handlers.
+    ``mode`` is the runner's ``handle_signals``: ``None`` takes the signals
+    nobody holds, ``True`` takes them all (and raises :class:`RuntimeError`
+    off the main thread, where Python cannot install signal handlers),
+    ``False`` none.  ``on_signal`` runs on the runner's loop after the first
+    signal, ``on_abort`` after each further one.
     """
-    if handle_signals is False:
-        return False
+    if mode is False:
+        return None
     if threading.current_thread() is not threading.main_thread():
-        if handle_signals:
+        if mode:
             raise RuntimeError(
                 "handle_signals=True needs the runner to be entered on the main thread, "
                 "the only one where Python runs signal handlers; pass handle_signals=False "
                 "and cancel the runner (r.cancel()) from the application's own handler instead"
             )
-        return False
-    return True
-
-
-def subscribe(runner: Runner) -> Subscription:
-    """Subscribe ``runner`` to the signal handler, installing it if it is the first."""
-    subscription = Subscription(runner)
+        return None
+    signals = _dispatcher.signals_for(mode)
+    if not signals:
+        return None
+    subscription = Subscription(name, signals, loop, on_signal, on_abort)
     _dispatcher.subscribe(subscription)
     return subscription

@@ -1,0 +1,205 @@
+"""What corral needs from each event loop that AnyIO does not offer.
+
+AnyIO hides the difference between asyncio and Trio almost everywhere, and
+corral uses it for everything it can.  Three jobs are left that AnyIO has no
+public API for, and they live here, each written once per backend with that
+backend's own public API:
+
+* **Calling into the loop from a signal handler.**  A signal handler may not
+  block or take locks, so it cannot use :func:`anyio.from_thread.run_sync`.
+  asyncio's ``loop.call_soon_threadsafe`` and Trio's
+  ``TrioToken.run_sync_soon`` are both documented as safe there; the
+  :class:`LoopHandle` captured on entry holds whichever applies.
+* **Knowing whether the loop still runs**, so that a call from another thread
+  into a loop that was stopped (but not closed) fails at once instead of
+  waiting forever for a loop turn that never comes.
+* **KeyboardInterrupt safety on Trio.**  Trio raises :class:`KeyboardInterrupt`
+  at any bytecode of code that is not marked as protected, which can tear a
+  task group or a half-spawned child apart.  Trio's own primitives are
+  protected; :func:`protect_on_trio` marks corral's internals the same way
+  (Trio then delivers the interrupt to the main task at its next checkpoint,
+  as an ordinary exception that our clean-up handles).
+
+Trio is optional: this module never imports it.  When the running loop is
+Trio's, ``trio`` is already in :data:`sys.modules`, and that is where it is
+taken from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.base_events
+import sys
+import types
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from anyio import CancelScope, RunFinishedError
+
+__all__ = [
+    "Backend",
+    "LoopHandle",
+    "current_loop",
+    "is_asyncio_main_task",
+    "outlast_native_cancel",
+    "protect_on_trio",
+]
+
+Backend = Literal["asyncio", "trio"]
+
+T = TypeVar("T")
+
+
+def _trio() -> Any | None:
+    """The ``trio`` module if it is imported (it is, whenever a Trio loop runs)."""
+    return sys.modules.get("trio")
+
+
+@dataclass(frozen=True, eq=False)
+class LoopHandle:
+    """The running loop, captured once with its backend's public API."""
+
+    backend: Backend
+    native: Any  # asyncio.AbstractEventLoop or trio.lowlevel.TrioToken
+
+    def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
+        """Schedule ``fn()`` on the loop; safe from any thread and from a signal handler.
+
+        Raises :class:`anyio.RunFinishedError` if the loop has finished.
+        """
+        if self.backend == "asyncio":
+            try:
+                self.native.call_soon_threadsafe(fn)
+            except RuntimeError:  # closed
+                raise RunFinishedError from None
+        else:
+            trio = _trio()
+            assert trio is not None
+            try:
+                self.native.run_sync_soon(fn)
+            except trio.RunFinishedError:
+                raise RunFinishedError from None
+
+    def is_running(self) -> bool:
+        """Whether the loop is still running (it may stop right after)."""
+        if self.backend == "asyncio":
+            loop: asyncio.AbstractEventLoop = self.native
+            return loop.is_running() and not loop.is_closed()
+        return True  # Trio's token raises RunFinishedError itself when run() is over
+
+
+def current_loop() -> LoopHandle:
+    """Capture the loop running the calling task (Trio's first: guest mode runs in asyncio)."""
+    trio = _trio()
+    if trio is not None:
+        try:
+            return LoopHandle("trio", trio.lowlevel.current_trio_token())
+        except RuntimeError:
+            pass
+    return LoopHandle("asyncio", asyncio.get_running_loop())
+
+
+def is_asyncio_main_task() -> bool:
+    """Whether the current asyncio task is the one ``asyncio.run`` (or ``run_until_complete``) runs.
+
+    asyncio lets a :class:`KeyboardInterrupt` escaping any *other* task
+    abandon the loop mid-step, so corral raises it bare only from that one.
+    asyncio has no public way to tell: the task's done callbacks are private.
+    This is the one place corral relies on a private detail (AnyIO does the
+    same to find its root task); ``tests/test_backend.py`` fails loudly if
+    it stops working.  If it ever returns ``False`` wrongly, the interrupt
+    is raised inside a :class:`BaseExceptionGroup`, which is safe.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        return False
+    done_callback = getattr(asyncio.base_events, "_run_until_complete_cb", None)
+    callbacks = getattr(task, "_callbacks", None) or ()
+    return any(
+        callback is done_callback or getattr(callback, "__module__", None) == "uvloop.loop"
+        for callback, _context in callbacks
+    )
+
+
+async def outlast_native_cancel(
+    wait: Callable[[], Awaitable[T]], scope: CancelScope | None = None
+) -> T:
+    """Await ``wait()`` to the end, even through a native asyncio cancellation.
+
+    AnyIO's shielded cancel scopes hold back AnyIO's cancellation, not
+    ``Task.cancel()`` — which is what ``asyncio.run`` does to every task left
+    at its end, and what uvicorn's force-quit does.  Inside the few waits that
+    must finish ("signal, grace, SIGKILL, reap"), such a cancellation is
+    caught, the wait is started again, and the cancellation is raised once it
+    is done.  So ``wait`` must be safe to start again (waiting for an event,
+    for a descriptor to be readable).  Use it only inside a shielded scope,
+    where no AnyIO cancellation can arrive but from ``scope``, a deadline of
+    our own inside the shield: a cancellation while that scope was cancelled
+    is its own, and goes through.  On Trio it is a plain await.
+    """
+    cancelled: BaseException | None = None
+    while True:
+        try:
+            result = await wait()
+        except asyncio.CancelledError as exc:
+            if scope is not None and scope.cancel_called:
+                # Our own deadline.  (A native cancellation absorbed before it
+                # is dropped then: the stop goes on to its end either way.)
+                raise
+            cancelled = exc
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            continue
+        break
+    if cancelled is not None:
+        raise cancelled
+    return result
+
+
+_protected: set[int] = set()
+
+
+def protect_on_trio(modules: Iterable[types.ModuleType]) -> None:
+    """Mark every function and method of ``modules`` as KeyboardInterrupt-protected on Trio.
+
+    Trio decides protection per code object (walking the stack outward to
+    the first marked frame), so marking our functions protects exactly the
+    code that runs inside them: spawning, supervising and stopping children,
+    the log service, entry and exit of a runner.  An interrupt that arrives
+    there is delivered by Trio to the main task at its next checkpoint, as an
+    exception our clean-up handles.  Idempotent and cheap after the first
+    call; does nothing unless Trio is running.
+    """
+    trio = _trio()
+    if trio is None:
+        return
+    protect = trio.lowlevel.enable_ki_protection
+    for module in modules:
+        if id(module) in _protected:
+            continue
+        for code_owner in _functions(module):
+            protect(code_owner)
+        _protected.add(id(module))
+
+
+def _functions(module: types.ModuleType) -> Iterable[types.FunctionType]:
+    seen: set[int] = set()
+    stack: list[object] = list(vars(module).values())
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            if obj.__module__ == module.__name__:
+                yield obj
+        elif isinstance(obj, type) and obj.__module__ == module.__name__:
+            for value in vars(obj).values():
+                if isinstance(value, (staticmethod, classmethod)):
+                    value = value.__func__
+                elif isinstance(value, property):
+                    stack.extend(f for f in (value.fget, value.fset, value.fdel) if f)
+                    continue
+                stack.append(value)
