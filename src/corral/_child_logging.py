@@ -47,6 +47,7 @@ from ._wire import (
     Hello,
     Record,
     encode,
+    encode_record_into,
 )
 
 __all__ = [
@@ -96,6 +97,9 @@ class CorralLogHandler(logging.Handler):
         self._sock: socket.socket | None = None
         self._broken = False  # set when the launcher is gone: drop records from then on
         self._closed = False
+        self._buffer = bytearray()  # reused for every frame, under _send_lock
+        self._send_lock = threading.Lock()
+        self._pid = os.getpid()
         self._sock = self._open()
         _live_handlers.add(self)
 
@@ -112,18 +116,67 @@ class CorralLogHandler(logging.Handler):
             raise
         return sock
 
-    def emit(self, record: logging.LogRecord) -> None:
-        # Called by logging.Handler.handle with self.lock held.
+    def handle(self, record: logging.LogRecord) -> bool:
+        # This runs once per logging call, so it is one flat function: the filter
+        # machinery only when there are filters, the record's fields straight into
+        # a reused buffer, one send, under a plain lock of our own.
+        if self.filters and not self.filter(record):
+            return False
         if self._broken:
-            return
+            return True
         try:
-            frame = self._frame(record)
+            args = record.args
+            msg = record.msg if not args else record.getMessage()
+            if type(msg) is not str:
+                msg = str(msg)
+            if record.exc_info and not record.exc_text:
+                # Formatter.format caches the traceback the same way.
+                formatter = self.formatter or _default_formatter
+                record.exc_text = formatter.formatException(record.exc_info)
+            fields = (
+                "record",
+                record.created,
+                record.levelno,
+                record.levelname,
+                record.name,
+                msg,
+                record.exc_text or None,
+                record.stack_info or None,
+                record.process or self._pid,
+                record.threadName or "",
+                record.processName or "",
+                record.pathname or "",
+                record.lineno or 0,
+                record.funcName or "",
+            )
         except RecursionError:
             raise
         except Exception:
             # A bad format string, a __str__ that raises: the usual logging mishaps.
             self.handleError(record)
-            return
+            return True
+        with self._send_lock:
+            buffer = self._buffer
+            try:
+                encode_record_into(fields, buffer)
+                frame: bytes | bytearray = buffer
+                if len(buffer) - 4 > MAX_FRAME:
+                    frame = self._slow_frame(record, msg)
+            except (UnicodeEncodeError, TypeError, OverflowError):
+                try:
+                    frame = self._slow_frame(record, msg)
+                except Exception:
+                    self.handleError(record)
+                    return True
+            self._send(frame, record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Send one record (``handle`` does it all; this is for direct callers)."""
+        self.handle(record)
+
+    def _send(self, frame: bytes | bytearray, record: logging.LogRecord) -> None:
+        # Called with self._send_lock held.
         try:
             sock = self._sock
             if sock is None:
@@ -147,26 +200,22 @@ class CorralLogHandler(logging.Handler):
             self._drop_socket()
             raise
 
-    def _frame(self, record: logging.LogRecord) -> bytes:
-        msg = record.getMessage()
-        if record.exc_info and not record.exc_text:
-            # Formatter.format caches the traceback the same way.
-            formatter = self.formatter or _default_formatter
-            record.exc_text = formatter.formatException(record.exc_info)
+    def _slow_frame(self, record: logging.LogRecord, msg: str) -> bytes:
+        """The frame of a record that needs care: odd types, lone surrogates, too big."""
         rec = Record(
-            created=record.created,
-            level=record.levelno,
-            levelname=record.levelname,
-            name=record.name,
+            created=float(record.created),
+            level=int(record.levelno),
+            levelname=str(record.levelname),
+            name=str(record.name),
             msg=msg,
-            exc_text=record.exc_text or None,
-            stack_info=record.stack_info or None,
-            pid=record.process or os.getpid(),
-            thread_name=record.threadName or "",
-            process_name=record.processName or "",
-            pathname=record.pathname or "",
-            lineno=record.lineno or 0,
-            func_name=record.funcName or "",
+            exc_text=str(record.exc_text) if record.exc_text else None,
+            stack_info=str(record.stack_info) if record.stack_info else None,
+            pid=int(record.process or self._pid),
+            thread_name=str(record.threadName or ""),
+            process_name=str(record.processName or ""),
+            pathname=str(record.pathname or ""),
+            lineno=int(record.lineno or 0),
+            func_name=str(record.funcName or ""),
         )
         try:
             frame = encode(rec)
@@ -188,16 +237,15 @@ class CorralLogHandler(logging.Handler):
         # The socket is shared with the parent: close our copy of the descriptor (the
         # parent's connection is unaffected) and connect afresh when next needed.
         # logging re-creates the handler's lock in the child before this runs.
+        self._send_lock = threading.Lock()
+        self._pid = os.getpid()
         self._drop_socket()
         self._broken = self._closed
 
     def close(self) -> None:
-        self.acquire()
-        try:
+        with self._send_lock:
             self._drop_socket()
             self._broken = self._closed = True
-        finally:
-            self.release()
         _live_handlers.discard(self)
         super().close()
 

@@ -123,6 +123,8 @@ from typing import Final, TypeAlias
 
 import msgspec
 
+from . import _childenv
+
 __all__ = [
     "ENV_SECRET",
     "ENV_SOCKET",
@@ -134,7 +136,9 @@ __all__ = [
     "Message",
     "Record",
     "WireError",
+    "decode_hello",
     "encode",
+    "encode_record_into",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -143,11 +147,11 @@ PROTOCOL_VERSION: Final = 1
 MAX_FRAME: Final = 1 << 20
 """Default limit on a frame's payload length, in bytes (1 MiB)."""
 
-ENV_SOCKET: Final = "CORRAL_LOG_SOCKET"
+ENV_SOCKET: Final = _childenv.LOG_SOCKET
 """Environment variable naming the path of the launcher's log socket."""
-ENV_SECRET: Final = "CORRAL_LOG_SECRET"
+ENV_SECRET: Final = _childenv.LOG_SECRET
 """Environment variable holding the secret the hello must carry."""
-ENV_SOURCE: Final = "CORRAL_SOURCE"
+ENV_SOURCE: Final = _childenv.SOURCE
 """Environment variable holding the source name the hello should carry."""
 
 _PREFIX: Final = struct.Struct(">I")
@@ -235,6 +239,19 @@ def encode(msg: Message) -> bytes:
     # and converting that to bytes.
     payload = _encoder.encode(msg)
     return _PREFIX.pack(len(payload)) + payload
+
+
+def encode_record_into(fields: tuple[object, ...], buffer: bytearray) -> None:
+    """Encode a record given as a tuple of its fields into ``buffer``, as a whole frame.
+
+    ``fields`` holds `Record`'s fields in order, tag first (``("record", created,
+    level, ...)``): the very array a `Record` encodes to, without building one.  It
+    is what a sender calls once per logging call, so it avoids every allocation it
+    can: ``buffer`` is reused, the prefix is written in place.  The caller checks
+    the size against `MAX_FRAME`.
+    """
+    _encoder.encode_into(fields, buffer, _PREFIX_SIZE)
+    _PREFIX.pack_into(buffer, 0, len(buffer) - _PREFIX_SIZE)
 
 
 def _describe(payload: memoryview, exc: Exception) -> str:
@@ -351,3 +368,23 @@ class FrameDecoder:
         if type(msg) is Hello and msg.v != PROTOCOL_VERSION:
             raise WireError(_unsupported(msg.v))
         return msg
+
+
+#: The largest hello a reader accepts (a hello carries a secret and a source name).
+MAX_HELLO: Final = 16 * 1024
+
+
+def decode_hello(payload: bytes | bytearray | memoryview) -> Hello:
+    """Decode the payload of a connection's first frame, which must be a hello.
+
+    Raises `WireError` if it is not a well-formed hello of this protocol version.
+    """
+    try:
+        msg = _decoder.decode(payload)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise WireError(_describe(memoryview(payload), exc)) from None
+    if type(msg) is not Hello:
+        raise WireError("the first message is not a hello")
+    if msg.v != PROTOCOL_VERSION:
+        raise WireError(_unsupported(msg.v))
+    return msg
