@@ -7,33 +7,34 @@
     async with corral.open_runner() as r:
         web = await r.start(["python", "-m", "http.server", "0"], name="web")
         await r.run(["python", "build.py"])
-        await web.terminate()
+        await web.stop()
 
 See the documentation for the tutorial and the guarantees.
+
+The names below are loaded on first use: ``import corral.child`` in a child
+process (which imports this package first) loads none of the launcher.
 """
 
-from ._errors import (
-    STDERR_TAIL_BYTES,
-    CorralError,
-    HandshakeError,
-    ProcessFailed,
-    ResourceLimitError,
-    Signalled,
-    StartupFailed,
-    WrongLoopError,
-)
-from ._process import Process
-from ._routing import ConsoleHandler, Route
-from ._runner import Runner, open_runner
-from ._token import LoopToken
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0.dev0"
 
 __all__ = [
+    "DEVNULL",
+    "LOG",
+    "PIPE",
     "STDERR_TAIL_BYTES",
+    "STDOUT",
+    "CompletedProcess",
     "ConsoleHandler",
     "CorralError",
+    "HandshakeError",
+    "LogTail",
     "LoopToken",
     "Process",
-    "HandshakeError",
     "ProcessFailed",
     "ResourceLimitError",
     "Route",
@@ -44,4 +45,58 @@ __all__ = [
     "open_runner",
 ]
 
-__version__ = "0.1.0.dev0"
+# Where each public name lives.
+_HOMES = {
+    "DEVNULL": "_stdio",
+    "LOG": "_stdio",
+    "PIPE": "_stdio",
+    "STDOUT": "_stdio",
+    "STDERR_TAIL_BYTES": "_errors",
+    "CompletedProcess": "_process",
+    "ConsoleHandler": "_routing",
+    "CorralError": "_errors",
+    "HandshakeError": "_errors",
+    "LogTail": "_sources",
+    "LoopToken": "_token",
+    "Process": "_process",
+    "ProcessFailed": "_errors",
+    "ResourceLimitError": "_errors",
+    "Route": "_routing",
+    "Runner": "_runner",
+    "Signalled": "_errors",
+    "StartupFailed": "_errors",
+    "WrongLoopError": "_errors",
+    "open_runner": "_runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'corral' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"corral.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:
+    from ._errors import (
+        STDERR_TAIL_BYTES,
+        CorralError,
+        HandshakeError,
+        ProcessFailed,
+        ResourceLimitError,
+        Signalled,
+        StartupFailed,
+        WrongLoopError,
+    )
+    from ._process import CompletedProcess, Process
+    from ._routing import ConsoleHandler, Route
+    from ._runner import Runner, open_runner
+    from ._sources import LogTail
+    from ._stdio import DEVNULL, LOG, PIPE, STDOUT
+    from ._token import LoopToken

@@ -2,9 +2,10 @@
 
 :func:`open_runner` returns a :class:`Runner`; entering it opens a task
 group, and everything the runner does in the background — supervising each
-child, reading its output, handing log records to handler threads — runs
-as a task in that group.  Nothing is spawned as a bare task, so a failure
-anywhere has exactly one way out: up through the ``async with``.
+child, serving its log socket, handing output to the log handlers, watching
+the lifeline — runs as a task in that group.  Nothing is spawned as a bare
+task, so a failure anywhere has exactly one way out: up through the
+``async with``.
 
 The rules follow from that:
 
@@ -15,13 +16,14 @@ The rules follow from that:
   group, up to ``grace`` seconds, then SIGKILL), and the ``async with``
   raises :class:`ProcessFailed` inside an :class:`ExceptionGroup`.
 * :meth:`Runner.cancel`, an exception in the body, or the cancellation of
-  any enclosing scope stops every child the same way.  Stopping is shielded
-  from cancellation, so it always finishes and every child is reaped.
+  any enclosing scope (``asyncio.run`` cancelling every task at its end
+  included) stops every child the same way.  Only "signal, grace, SIGKILL,
+  reap" is shielded from cancellation; everything else the exit waits for
+  (log connections, the log handlers) has a deadline.
 * A lifeline process (see :mod:`corral._lifeline`) kills every child's
   group if the launcher itself dies without a chance to clean up.
-* Entered on the main thread, the runner forwards SIGINT, SIGTERM and SIGHUP
-  to every child at once and then raises :class:`KeyboardInterrupt` or
-  :class:`Signalled` (see ``corral._signals``).
+* Signals the application does not hold are forwarded to every child at
+  once (see :mod:`corral._signals`).
 
 Runners keep no global state: several may be open at once, nested in one
 another or in the application's own task groups, on either backend.
@@ -29,41 +31,41 @@ another or in the application's own task groups, on either backend.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
 import signal
-import time
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Collection, Mapping, Sequence
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import IO, Any
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from . import _handshake, _platform, _signals
-from ._collector import Collector
-from ._errors import STDERR_TAIL_BYTES, ProcessFailed, ResourceLimitError, StartupFailed
+from . import _backend, _signals
+from ._backend import outlast_native_cancel
 from ._lifeline import Lifeline
-from ._logserver import LogServer
-from ._process import Process
-from ._routing import ConsoleHandler, LogFiles, Route, Router
-from ._streams import PipeReader, make_record
+from ._loghub import LogHub
+from ._process import CompletedProcess, Process, ProcessServices, Restart, RestartPolicy
+from ._routing import Route
+from ._spawn import Spawner, SpawnSpec, check_grace, check_signal, describe_argv
+from ._stdio import DEVNULL, LOG, PIPE, LogOption
 from ._token import LoopToken
 
 __all__ = ["Runner", "open_runner"]
 
-T = TypeVar("T")
-
 StrOrPath = str | os.PathLike[str]
-Output = Literal["capture", "inherit", "discard"]
-Input = Literal["null", "inherit"]
+Output = LogOption | int | IO[Any] | None
+Input = int | IO[Any] | None
 
-_NAME_OK = re.compile(r"[^\s/\\]+")
-_NAME_BAD_CHARS = re.compile(r"[\s/\\]+")
+#: The longest name a runner or process may have.
+MAX_NAME = 100
+
+_NAME_OK = re.compile(r"[^\s/\\\0]+")
+_NAME_BAD_CHARS = re.compile(r"[\s/\\\0]+")
 
 
 class Runner:
@@ -75,10 +77,6 @@ class Runner:
     its methods raise :class:`WrongLoopError` when called from anywhere
     else.  Use :attr:`token` to reach it from another thread.
     """
-
-    # Built on entry (see _prepare_blocking), once the log folder exists.
-    _router: Router
-    _collector: Collector
 
     def __init__(
         self,
@@ -92,36 +90,42 @@ class Runner:
         propagate: bool = False,
         handle_signals: bool | None = None,
     ) -> None:
-        if grace < 0:
-            raise ValueError("grace must be >= 0 seconds")
         _check_name(name, "runner")
         self._name = name
-        self._grace = float(grace)
-        self._stop_signal = stop_signal
-        self._routes = [h if isinstance(h, Route) else Route(h) for h in handlers]
-        self._owned_handlers: list[logging.Handler] = []
-        if console:
-            console_handler = ConsoleHandler()
-            console_handler.setLevel(logging.INFO)
-            self._routes.append(Route(console_handler))
-            self._owned_handlers.append(console_handler)
-        self._log_dir = os.fspath(log_dir) if log_dir is not None else None
-        self._log_path: str | None = None
-        self._propagate = propagate
-        self._lifeline = Lifeline()
+        self._grace = check_grace(grace)
+        self._stop_signal = check_signal(stop_signal)
+        if handle_signals not in (None, True, False):
+            raise TypeError("handle_signals must be None, True or False")
+        if isinstance(handlers, (logging.Handler, Route)):
+            handlers = [handlers]
+        routes = []
+        for handler in handlers:
+            if isinstance(handler, Route):
+                routes.append(handler)
+            elif isinstance(handler, logging.Handler):
+                routes.append(Route(handler))
+            else:
+                raise TypeError(f"handlers: {handler!r} is neither a logging.Handler nor a Route")
+        self._hub = LogHub(
+            name,
+            routes=routes,
+            console=bool(console),
+            log_dir=os.fspath(log_dir) if log_dir is not None else None,
+            propagate=bool(propagate),
+        )
+        self._lifeline = Lifeline(on_error=self._lifeline_error)
+        self._handle_signals = handle_signals
         self._token: LoopToken | None = None
         self._tg: TaskGroup | None = None
         self._live: dict[str, Process] = {}
         self._entered = False
         self._closing = False
-        self._devnull = -1
-        self._spawn_lock = anyio.Lock()
-        self._all_exited = anyio.Event()
-        self._logserver: LogServer | None = None
-        self._log_env: dict[bytes, bytes] = {}
+        self._aborted = False
+        self._children_done = anyio.Event()
         self._name_counters: dict[str, int] = {}
-        self._handle_signals = handle_signals
         self._signals: _signals.Subscription | None = None
+        self._signal_pending = False
+        self._services: ProcessServices | None = None
 
     # -- properties -------------------------------------------------------------------
 
@@ -145,7 +149,7 @@ class Runner:
     @property
     def log_path(self) -> str | None:
         """The folder of this run's log files (with ``log_dir=``), created on entry."""
-        return self._log_path
+        return self._hub.log_path
 
     @property
     def processes(self) -> tuple[Process, ...]:
@@ -161,30 +165,61 @@ class Runner:
         if self._entered:
             raise RuntimeError("a Runner can be entered only once; call open_runner() again")
         self._entered = True
-        self._token = LoopToken.current()
-        handle_signals = _signals.wanted(self._handle_signals)
-        self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        token = LoopToken.current()
+        if token.backend == "trio":
+            _backend.protect_on_trio(_internal_modules())
+        self._token = token
+        hub = self._hub
+        entered: list[str] = []
         try:
+            entered.append("hub")
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._prepare_blocking)
+                await anyio.to_thread.run_sync(hub.prepare)
+            self._lifeline.start()
+            entered.append("lifeline")
+            self._lifeline.add_folder(hub.server.folder)
+            self._signals = _signals.subscribe(
+                self._name, self._handle_signals, token.loop, self._on_signal, self._abort
+            )
+            entered.append("signals")
+            spawner = Spawner(self._name, self._lifeline, hub.log, lambda: len(self._live))
             tg = anyio.create_task_group()
             await tg.__aenter__()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._lifeline.aclose()
-            os.close(self._devnull)
+                await self._undo_entry(entered)
             raise
         self._tg = tg
-        tg.start_soon(self._collector.run, name=f"corral log collector {self._name}")
-        # Not tg.start(): a start() cancelled at the wrong moment cancels the
-        # started task and waits for it, and this one is shielded.
-        server_ready = anyio.Event()
-        tg.start_soon(self._serve_logs, server_ready, name=f"corral log server {self._name}")
-        with anyio.CancelScope(shield=True):
-            await server_ready.wait()
-        if handle_signals:
-            self._signals = _signals.subscribe(self)
+        tg.start_soon(hub.collector.run, name=f"corral log collector {self._name}")
+        tg.start_soon(hub.serve, self._children_done, name=f"corral log server {self._name}")
+        tg.start_soon(
+            self._lifeline.watch, self._children_done, name=f"corral lifeline {self._name}"
+        )
+        self._services = ProcessServices(
+            token=token,
+            runner_name=self._name,
+            hub=hub,
+            spawner=spawner,
+            lifeline_remove=self._lifeline.remove,
+            signals=self._signals,
+            on_exit=self._process_exited,
+            open_streams=set(),
+        )
+        if self._signal_pending:
+            tg.cancel_scope.cancel()  # a signal arrived while we were entering
         return self
+
+    async def _undo_entry(self, entered: list[str]) -> None:
+        if "signals" in entered and self._signals is not None:
+            try:
+                self._signals.close(None)
+            except BaseException:
+                pass  # we are failing anyway; the signal's meaning is lost only if it came now
+            self._signals = None
+        if "lifeline" in entered:
+            await self._lifeline.aclose()
+        if "hub" in entered:
+            await self._hub.abandon()
 
     async def __aexit__(
         self,
@@ -195,7 +230,7 @@ class Runner:
         assert self._tg is not None
         self._closing = True
         if not self._live:
-            self._all_exited.set()
+            self._children_done.set()
         error: BaseException | None = None
         try:
             return await self._tg.__aexit__(exc_type, exc, tb)
@@ -211,19 +246,17 @@ class Runner:
                 del error
                 with anyio.CancelScope(shield=True):
                     await self._lifeline.aclose()
-                    await anyio.to_thread.run_sync(self._router.close, self._owned_handlers)
-                os.close(self._devnull)
-
-    def _prepare_blocking(self) -> None:
-        """Entry work that touches the disk or spawns: runs in a worker thread."""
-        if self._log_dir is not None:
-            self._log_path = _make_run_folder(self._log_dir, self._name)
-            files = LogFiles(self._log_path)
-            self._routes.append(Route(files))
-            self._owned_handlers.append(files)
-        self._router = Router(self._name, self._routes, propagate=self._propagate)
-        self._collector = Collector(self._router.dispatch, min_level=self._router.min_level)
-        self._lifeline.start_blocking()
+                    with anyio.move_on_after(10):
+                        await anyio.to_thread.run_sync(
+                            self._hub.close_blocking, abandon_on_cancel=True
+                        )
+                for source in self._hub.sources():
+                    source.end()
+                if self._services is not None:
+                    # Pipes handed out as streams and not closed by their users:
+                    # every child has exited, nobody can wait on them any more.
+                    for stream in list(self._services.open_streams):
+                        stream.close()
 
     def cancel(self) -> None:
         """Cancel the runner's scope: stop every child and end the ``async with`` block.
@@ -235,6 +268,22 @@ class Runner:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
 
+    def _on_signal(self) -> None:
+        """On the loop, soon after a signal the runner holds: cancel its scope."""
+        self._signal_pending = True
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    def _abort(self) -> None:
+        """On the loop, after a second signal: stop waiting for anything but the reaping."""
+        self._aborted = True
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        self._hub.abort()
+
+    def _lifeline_error(self, message: str) -> None:
+        self._hub.log(logging.ERROR, message)
+
     # -- starting ---------------------------------------------------------------------
 
     async def start(
@@ -242,27 +291,47 @@ class Runner:
         argv: Sequence[StrOrPath],
         *,
         name: str | None = None,
-        env: Mapping[str, str | None] | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
         cwd: StrOrPath | None = None,
         check: bool = True,
         grace: float | None = None,
         stop_signal: int | None = None,
-        stdin: Input = "null",
-        stdout: Output = "capture",
-        stderr: Output = "capture",
+        stdin: Input = DEVNULL,
+        stdout: Output = LOG,
+        stderr: Output = LOG,
+        pass_fds: Collection[int] = (),
+        start_new_session: bool = False,
+        user: str | int | None = None,
+        group: str | int | None = None,
+        extra_groups: Collection[str | int] | None = None,
+        umask: int = -1,
         wait_started: bool = False,
         start_timeout: float | None = None,
+        restart: Restart = "never",
+        max_restarts: int = 3,
+        backoff: float = 1.0,
     ) -> Process:
         """Spawn ``argv`` as a managed child and return its :class:`Process` once it runs.
 
+        The keywords that :mod:`subprocess` and :func:`anyio.open_process`
+        have mean what they mean there; see :doc:`howto/subprocess` for a
+        table.
+
         Args:
-            argv: the program and its arguments (no shell is involved).
-            name: the child's name, unique among the runner's running children;
-                defaults to the program's base name, made unique with a suffix.
-            env: variables to set (or, with ``None`` as value, to remove) on
-                top of the launcher's environment.  ``PYTHONUNBUFFERED=1`` is
-                set by default so Python children's prints arrive promptly;
-                pass ``{"PYTHONUNBUFFERED": None}`` to opt out.
+            argv: the program and its arguments, as a list (no shell is
+                involved; a ``str`` is refused with :class:`TypeError`).
+            name: the child's name, unique among the runner's running
+                children (at most 100 characters, no spaces or slashes);
+                defaults to the program's base name, made unique with a
+                suffix.  Its log source is ``<runner>.<name>``.
+            env: the child's whole environment, replacing the launcher's (as
+                in :mod:`subprocess`).
+            extra_env: variables to set on top of the environment (the
+                launcher's, or ``env``); a ``None`` value removes one.
+                ``PYTHONUNBUFFERED=1`` is set unless either names it, so that
+                Python children's prints arrive promptly.  corral adds its
+                own ``CORRAL_*`` variables in every case.
             cwd: the child's working directory.
             check: whether a non-zero exit (or death by a signal nobody asked
                 for) is a failure that stops the runner and raises
@@ -271,11 +340,17 @@ class Runner:
                 is stopped; defaults to the runner's.
             stop_signal: the signal that asks this child to stop; defaults to
                 the runner's (SIGTERM).
-            stdin: ``"null"`` (``/dev/null``, the default) or ``"inherit"``.
-            stdout, stderr: ``"capture"`` (each line becomes a log record of
-                source ``<runner>.<name>``: stdout at INFO, stderr at WARNING;
-                the default), ``"inherit"`` (the launcher's own stream) or
-                ``"discard"``.
+            stdin: ``subprocess.DEVNULL`` (the default), ``PIPE`` (a writable
+                stream, :attr:`Process.stdin`), ``None`` (inherit), a file or
+                a descriptor.
+            stdout, stderr: :data:`LOG` (the default: each line becomes a log
+                record of the child's source, stdout at INFO and stderr at
+                WARNING), ``PIPE`` (a readable stream on the process),
+                ``LOG | PIPE`` (both), ``DEVNULL``, ``None`` (inherit), a file
+                or a descriptor; ``subprocess.STDOUT`` for stderr.
+            pass_fds, start_new_session, user, group, extra_groups, umask: as
+                in :class:`subprocess.Popen`.  A child in a new session still
+                leads its own process group, which is stopped as any other.
             wait_started: return only once the child has reported that it
                 started (see :func:`corral.child.started` and the
                 ``CORRAL_STARTED_FD`` protocol); its value is then in
@@ -283,8 +358,20 @@ class Runner:
             start_timeout: with ``wait_started``, seconds to wait for the
                 report before stopping the child and raising
                 :class:`TimeoutError`; ``None`` waits as long as it runs.
+            restart: ``"never"`` (the default), ``"on-failure"`` (start it
+                again after a non-zero exit) or ``"always"`` (after any exit
+                that was not asked for), with exponential backoff and jitter;
+                each restart is logged.  The :class:`Process` stays the same
+                object.  Once ``max_restarts`` restarts in a row are spent, a
+                failure counts as one (:class:`ProcessFailed`, with the count).
+                A run that lasted a minute resets the count.
+            max_restarts: restarts in a row allowed by ``restart``.
+            backoff: seconds before the first restart; doubled each time,
+                up to 30 s.
 
         Raises:
+            TypeError, ValueError: an option is not acceptable; nothing was
+                spawned.
             FileNotFoundError, PermissionError, NotADirectoryError: the program
                 or directory cannot be used; nothing was spawned.
             ResourceLimitError: the descriptor limit is exhausted even after
@@ -295,155 +382,188 @@ class Runner:
                 the child was stopped.
             TimeoutError: with ``wait_started``, ``start_timeout`` passed; the
                 child was stopped.
-            WrongLoopError: called from outside the runner's event loop.
         """
-        self.token.check("Runner.start")
-        self._check_open()
-        if grace is not None and grace < 0:
-            raise ValueError("grace must be >= 0 seconds")
-        argv_list = [os.fspath(a) for a in argv]
-        if not argv_list:
-            raise ValueError("argv must name a program")
-        for value, what in ((stdout, "stdout"), (stderr, "stderr")):
-            if value not in ("capture", "inherit", "discard"):
-                raise ValueError(f"{what} must be 'capture', 'inherit' or 'discard', not {value!r}")
-        if stdin not in ("null", "inherit"):
-            raise ValueError(f"stdin must be 'null' or 'inherit', not {stdin!r}")
-        # Spawning runs on the loop thread, one child at a time: CPython
-        # holds the GIL through os.posix_spawn, so a worker thread would
-        # stall the loop just as long and add hand-offs on top.  The lock
-        # puts concurrent starts in a queue and the yield inside it gives
-        # the loop a turn after every spawn, so a burst of starts never
-        # runs as one long batch.
-        async with self._spawn_lock:
-            # No await from here until the child is supervised: the name
-            # stays free, and no cancellation can strand the child.
-            name = self._unique_name(name, argv_list[0])
-            pid, pidfd, pipes, started_at = self._spawn_now(
-                argv_list,
-                self._child_env(env, f"{self._name}.{name}"),
-                os.fspath(cwd) if cwd is not None else None,
-                stdin,
-                stdout,
-                stderr,
-                wait_started,
-            )
-            proc = self._adopt(
-                pid, pidfd, pipes, started_at, name, argv_list, check, grace, stop_signal
-            )
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-        try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            if wait_started:
-                await self._wait_started(proc, start_timeout)
-        except BaseException:
-            # Whoever asked for this child is gone, or its start failed: do
-            # not leave it running unowned.
-            with anyio.CancelScope(shield=True):
-                await proc.terminate()
-            raise
+        proc = await self._start(
+            argv,
+            options=dict(
+                name=name,
+                env=env,
+                extra_env=extra_env,
+                cwd=cwd,
+                check=check,
+                grace=grace,
+                stop_signal=stop_signal,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=pass_fds,
+                start_new_session=start_new_session,
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
+                umask=umask,
+                wait_started=wait_started,
+                start_timeout=start_timeout,
+                restart=restart,
+                max_restarts=max_restarts,
+                backoff=backoff,
+            ),
+            collect=False,
+            what="Runner.start",
+        )
+        if wait_started:
+            await proc._wait_started()
         return proc
 
-    def _adopt(
-        self,
-        pid: int,
-        pidfd: int,
-        pipes: dict[str, int],
-        started_at: float,
-        name: str,
-        argv_list: list[str],
-        check: bool,
-        grace: float | None,
-        stop_signal: int | None,
+    async def _start(
+        self, argv: object, *, options: dict[str, Any], collect: bool, what: str
     ) -> Process:
-        """Wrap a freshly spawned child in a Process and start its supervisor task."""
-        readers = [
-            PipeReader(
-                fd,
-                source=f"{self._name}.{name}",
-                stream=stream,
-                level=logging.INFO if stream == "stdout" else logging.WARNING,
-                collector=self._collector,
-                pid=pid,
-                tail_bytes=STDERR_TAIL_BYTES if stream == "stderr" else 0,
-            )
-            for stream, fd in pipes.items()
-            if stream != "handshake"
-        ]
-        handshake_fd = pipes.get("handshake")
+        self.token.check(what)
+        self._check_open()
+        wait_started = bool(options["wait_started"])
+        start_timeout = options["start_timeout"]
+        if start_timeout is not None:
+            if not wait_started:
+                raise ValueError("start_timeout needs wait_started=True: it bounds the report")
+            start_timeout = check_grace(start_timeout, "start_timeout")
+        spec = SpawnSpec.make(
+            argv,
+            env=options["env"],
+            extra_env=options["extra_env"],
+            cwd=options["cwd"],
+            stdin=options["stdin"],
+            stdout=options["stdout"],
+            stderr=options["stderr"],
+            pass_fds=options["pass_fds"],
+            start_new_session=options["start_new_session"],
+            user=options["user"],
+            group=options["group"],
+            extra_groups=options["extra_groups"],
+            umask=options["umask"],
+            wait_started=wait_started,
+        )
+        grace = options["grace"]
+        grace = self._grace if grace is None else check_grace(grace)
+        stop_signal = options["stop_signal"]
+        stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
+        policy = RestartPolicy.make(options["restart"], options["max_restarts"], options["backoff"])
+        name = self._unique_name(options["name"], spec.program)
+        services = self._services
+        assert services is not None and self._tg is not None
+        source = self._hub.source(name)
+        spawned = services.spawner.spawn(spec, self._hub.child_env(source))
         proc = Process(
-            self,
-            pid=pid,
-            pidfd=pidfd,
+            services,
+            spec,
+            spawned,
             name=name,
-            argv=argv_list,
-            check=check,
-            grace=self._grace if grace is None else float(grace),
-            stop_signal=self._stop_signal if stop_signal is None else stop_signal,
-            readers=readers,
-            stderr_reader=next((r for r in readers if r.stream == "stderr"), None),
-            handshake=(
-                _handshake.HandshakeReader(handshake_fd) if handshake_fd is not None else None
-            ),
-            started_at=started_at,
+            source=source,
+            check=bool(options["check"]),
+            grace=grace,
+            stop_signal=stop_signal,
+            policy=policy,
+            start_timeout=start_timeout,
+            collect=collect,
         )
         self._live[name] = proc
-        self._log(logging.DEBUG, f"started {name} (pid {pid}): {_quote(argv_list)}")
-        assert self._tg is not None
+        if self._signals is not None:
+            self._signals.add(proc)
+        self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
         self._tg.start_soon(proc._supervise, name=f"corral supervisor {self._name}.{name}")
+        # Spawning holds the loop for a few hundred microseconds: let others run.
+        await anyio.lowlevel.checkpoint()
         return proc
-
-    async def _wait_started(self, proc: Process, limit: float | None) -> None:
-        try:
-            with anyio.fail_after(limit):
-                await proc._started.wait()
-        except TimeoutError:
-            raise TimeoutError(
-                f"process {proc.name!r} (pid {proc.pid}) did not report that it started "
-                f"within {limit:g} s; it was stopped"
-            ) from None
-        error = proc._startup_error
-        if error is None:
-            return
-        if isinstance(error, StartupFailed):
-            # Wait for the exit to be complete so that the stderr tail is too.
-            await proc._done.wait()
-            assert proc.returncode is not None
-            raise StartupFailed(
-                proc.returncode, proc.argv, name=proc.name, pid=proc.pid, stderr=proc.stderr_tail
-            )
-        raise error
 
     async def run(
         self,
         argv: Sequence[StrOrPath],
         *,
+        input: bytes | None = None,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
+        cwd: StrOrPath | None = None,
         check: bool = True,
-        **options: object,
-    ) -> Process:
-        """Start ``argv``, wait for it to exit, and return the finished :class:`Process`.
+        grace: float | None = None,
+        stop_signal: int | None = None,
+        stdin: Input = DEVNULL,
+        stdout: Output = LOG,
+        stderr: Output = LOG,
+        pass_fds: Collection[int] = (),
+        start_new_session: bool = False,
+        user: str | int | None = None,
+        group: str | int | None = None,
+        extra_groups: Collection[str | int] | None = None,
+        umask: int = -1,
+        wait_started: bool = False,
+        start_timeout: float | None = None,
+        restart: Restart = "never",
+        max_restarts: int = 3,
+        backoff: float = 1.0,
+    ) -> CompletedProcess:
+        """Run ``argv`` to completion and return a :class:`CompletedProcess`.
 
-        Takes the same options as :meth:`start`.  With ``check=True`` (the
-        default) a non-zero exit raises :class:`ProcessFailed` here, directly,
-        not out of the runner.  If the calling task is cancelled, the child is
-        stopped (stop signal, grace, SIGKILL) before the cancellation
-        propagates.
+        Takes the options of :meth:`start`, with these differences, as
+        :func:`subprocess.run`: ``input`` (bytes) is written to the child's
+        stdin, which is then closed (a child that stops reading early is not
+        an error); ``stdout=PIPE`` / ``stderr=PIPE`` (or ``LOG | PIPE``)
+        collect the exact bytes into the result's ``stdout`` / ``stderr``;
+        and with ``check=True`` (the default) a non-zero exit raises
+        :class:`ProcessFailed` here, directly, not out of the runner.  If the
+        calling task is cancelled, the child is stopped (stop signal, grace,
+        SIGKILL) before the cancellation propagates.
         """
-        self.token.check("Runner.run")
-        proc = await self.start(argv, check=False, **options)  # type: ignore[arg-type]
+        if input is not None:
+            if not isinstance(input, (bytes, bytearray, memoryview)):
+                raise TypeError(f"input must be bytes, not {type(input).__name__}")
+            if stdin is not DEVNULL and stdin != DEVNULL:
+                raise ValueError("stdin and input cannot both be given")
+            stdin = PIPE
+        proc = await self._start(
+            argv,
+            options=dict(
+                name=name,
+                env=env,
+                extra_env=extra_env,
+                cwd=cwd,
+                check=False,
+                grace=grace,
+                stop_signal=stop_signal,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=pass_fds,
+                start_new_session=start_new_session,
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
+                umask=umask,
+                wait_started=wait_started,
+                start_timeout=start_timeout,
+                restart=restart,
+                max_restarts=max_restarts,
+                backoff=backoff,
+            ),
+            collect=True,
+            what="Runner.run",
+        )
         try:
+            if wait_started:
+                await proc._wait_started()
+            if proc.stdin is not None:
+                await _feed(proc, bytes(input or b""))
             await proc.wait()
-        except anyio.get_cancelled_exc_class():
+        except BaseException:
             with anyio.CancelScope(shield=True):
-                await proc.terminate()
+                if proc.returncode is None:
+                    proc._request_stop()
+                await proc._stop_run(proc._run, proc._grace)
+                await outlast_native_cancel(proc._run.reaped.wait)
             raise
-        returncode = proc.returncode
-        assert returncode is not None
-        if check and returncode != 0 and not proc._stop_requested:
-            raise ProcessFailed(
-                returncode, proc.argv, name=proc.name, pid=proc.pid, stderr=proc.stderr_tail
-            )
-        return proc
+        result = proc._completed()
+        if check and result.returncode != 0 and not proc._stop_requested:
+            result.check_returncode()
+        return result
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -460,7 +580,7 @@ class Runner:
             if name in taken:
                 raise ValueError(f"a process named {name!r} is already running in this runner")
         else:
-            base = _NAME_BAD_CHARS.sub("-", os.path.basename(program)) or "process"
+            base = (_NAME_BAD_CHARS.sub("-", program) or "process")[: MAX_NAME - 8]
             name = base
             if name in taken:
                 # Suffixes count up per base name, so naming stays linear even
@@ -472,197 +592,63 @@ class Runner:
                 self._name_counters[base] = n
         return name
 
-    def _child_env(
-        self, overrides: Mapping[str, str | None] | None, source: str
-    ) -> dict[bytes, bytes]:
-        # Bytes all the way: os.environb is the cheapest copy, and
-        # posix_spawn takes bytes without re-encoding.
-        env = dict(os.environb)
-        env[b"PYTHONUNBUFFERED"] = b"1"
-        if self._logserver is not None:
-            env.update(self._log_env)
-            env[b"CORRAL_SOURCE"] = source.encode()
-        if overrides:
-            for key, value in overrides.items():
-                if value is None:
-                    env.pop(os.fsencode(key), None)
-                else:
-                    env[os.fsencode(key)] = os.fsencode(value)
-        return env
-
-    def _spawn_now(
-        self,
-        argv: list[str],
-        env: dict[bytes, bytes],
-        cwd: str | None,
-        stdin: Input,
-        stdout: Output,
-        stderr: Output,
-        wait_started: bool,
-    ) -> tuple[int, int, dict[str, int], float]:
-        """Spawn the child; returns (pid, pidfd, {stream: read end}, start time)."""
-        opened: list[int] = []  # everything to close if we fail
-        child_ends: list[int] = []
-        pipes: dict[str, int] = {}
-        fds: dict[int, int] = {}
-        try:
-            # Reserve a descriptor for the pidfd *before* spawning, so that
-            # running out of descriptors can never strand a spawned child.
-            reserve = self._allocate(lambda: os.dup(self._devnull), opened)
-            if stdin == "null":
-                fds[0] = self._devnull
-            for number, stream, mode in ((1, "stdout", stdout), (2, "stderr", stderr)):
-                if mode == "capture":
-                    read_end, write_end = self._allocate(os.pipe, opened)
-                    pipes[stream] = read_end
-                    child_ends.append(write_end)
-                    fds[number] = write_end
-                elif mode == "discard":
-                    fds[number] = self._devnull
-            if wait_started:
-                read_end, write_end = self._allocate(os.pipe, opened)
-                pipes["handshake"] = read_end
-                child_ends.append(write_end)
-                fds[_handshake.FD] = write_end
-                env[_handshake.ENV_VAR.encode()] = b"%d" % _handshake.FD
-            started_at = time.monotonic()
-            pid = _platform.spawn(argv, env=env, cwd=cwd, fds=fds)
-        except BaseException:
-            for fd in opened:
-                os.close(fd)
-            raise
-        self._lifeline.add(pid)
-        for fd in child_ends:
-            os.close(fd)
-        os.close(reserve)
-        try:
-            pidfd = _platform.pidfd_open(pid)
-        except OSError as exc:  # pragma: no cover - the reserved slot makes this unlikely
-            _platform.signal_group(pid, signal.SIGKILL)
-            _platform.wait_blocking(pid)
-            _platform.reap(pid)
-            self._lifeline.remove(pid)
-            for fd in pipes.values():
-                os.close(fd)
-            raise self._limit_error(exc) from exc
-        return pid, pidfd, pipes, started_at
-
-    def _allocate(self, make: Callable[[], T], opened: list[int]) -> T:
-        """Call ``make`` (which opens descriptors); on EMFILE raise the soft limit and retry."""
-        while True:
-            try:
-                result = make()
-            except OSError as exc:
-                if exc.errno != errno.EMFILE:
-                    raise
-                if _platform.raise_fd_limit():
-                    soft, hard = _platform.fd_limits()
-                    self._log(
-                        logging.INFO,
-                        f"raised the soft RLIMIT_NOFILE to {soft} (hard limit {hard})",
-                    )
-                    continue
-                raise self._limit_error(exc) from exc
-            if isinstance(result, tuple):
-                opened.extend(result)
-            else:
-                assert isinstance(result, int)
-                opened.append(result)
-            return result
-
-    def _limit_error(self, exc: OSError) -> ResourceLimitError:
-        soft, hard = _platform.fd_limits()
-        return ResourceLimitError(
-            errno.EMFILE,
-            f"cannot start another child in runner {self._name!r}: out of file descriptors "
-            f"(RLIMIT_NOFILE soft={soft}, hard={hard}; the runner holds up to "
-            f"{_platform.FD_PER_CHILD} per running child and has {len(self._live)} running). "
-            "Raise the hard limit (ulimit -Hn, or LimitNOFILE= under systemd) or run fewer "
-            "children at once",
-        )
-
     def _process_exited(self, proc: Process) -> None:
         if self._live.get(proc.name) is proc:
             del self._live[proc.name]
-        record = proc._exit_record()
-        if record.levelno >= self._collector.min_level:
-            self._collector.put_nowait([record])
         if self._closing and not self._live:
-            self._all_exited.set()
-
-    async def _serve_logs(self, ready: anyio.Event) -> None:
-        """Run the log server for the runner's whole life, then close the collector.
-
-        Shielded: it ends when the body of the block is over and every child
-        has exited (each child's connections were drained by then), so the
-        server's own exit finds only connections of processes that escaped
-        their group; then no record can arrive any more and the collector
-        may close.
-        """
-        with anyio.CancelScope(shield=True):
-            try:
-                async with LogServer(
-                    self._deliver_remote, deliver_many=self._deliver_remote_many
-                ) as server:
-                    self._logserver = server
-                    self._log_env = {
-                        os.fsencode(k): os.fsencode(v) for k, v in server.env("").items()
-                    }
-                    ready.set()
-                    await self._all_exited.wait()
-            finally:
-                ready.set()  # also when the server could not start: never hang entry
-                self._logserver = None
-                self._collector.close()
-
-    async def _deliver_remote(self, record: logging.LogRecord) -> None:
-        await self._deliver_remote_many([record])
-
-    async def _deliver_remote_many(self, records: list[logging.LogRecord]) -> None:
-        """Records from one read of a child's connection (one source): to tails and handlers."""
-        source = getattr(records[0], "corral_source", "") or ""
-        proc = self._live.get(source[len(self._name) + 1 :]) if "." in source else None
-        if proc is not None and proc.source == source:
-            await proc._tails.publish(records)
-        min_level = self._collector.min_level
-        wanted = [r for r in records if r.levelno >= min_level]
-        if wanted:
-            size = sum(len(r.msg) + len(r.exc_text or "") for r in wanted)
-            await self._collector.put(wanted, size)
-
-    async def _drain_logs(self, proc: Process) -> None:
-        if self._logserver is not None:
-            await self._logserver.drain(proc.source, proc.pid)
-
-    def _log(self, level: int, message: str) -> None:
-        if level >= self._collector.min_level:
-            self._collector.put_nowait([make_record(self._name, level, message)])
+            self._children_done.set()
 
 
-def _make_run_folder(log_dir: str, runner_name: str) -> str:
-    """Create ``<log_dir>/<YYYYmmdd-HHMMSS>-<runner>`` (with a suffix if taken)."""
-    os.makedirs(log_dir, exist_ok=True)
-    base = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{runner_name}")
-    path, n = base, 1
-    while True:
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            n += 1
-            path = f"{base}-{n}"
-            continue
-        return path
+async def _feed(proc: Process, data: bytes) -> None:
+    """Write ``data`` to the child's stdin and close it; a child that stopped reading is fine."""
+    stdin = proc.stdin
+    assert stdin is not None
+    try:
+        if data:
+            await stdin.send(data)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    finally:
+        await stdin.aclose()
 
 
-def _check_name(name: str, what: str) -> None:
-    if not isinstance(name, str) or not _NAME_OK.fullmatch(name):
-        raise ValueError(f"{what} name {name!r} must be non-empty, without spaces or slashes")
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not _NAME_OK.fullmatch(name) or len(name) > MAX_NAME:
+        raise ValueError(
+            f"{what} name {name!r} must be 1-{MAX_NAME} characters, without spaces or slashes"
+        )
 
 
-def _quote(argv: list[str]) -> str:
-    import shlex
+def _internal_modules() -> list[Any]:
+    from . import (
+        _collector,
+        _handshake,
+        _lifeline,
+        _loghub,
+        _logserver,
+        _process,
+        _routing,
+        _sources,
+        _spawn,
+        _streams,
+        _token,
+    )
 
-    return shlex.join(argv)
+    return [
+        sys.modules[__name__],
+        _collector,
+        _handshake,
+        _lifeline,
+        _logserver,
+        _loghub,
+        _process,
+        _routing,
+        _signals,
+        _sources,
+        _spawn,
+        _streams,
+        _token,
+    ]
 
 
 def open_runner(
@@ -681,27 +667,34 @@ def open_runner(
     Args:
         name: the runner's name, the first part of every log source.
         grace: default seconds a child gets between the stop signal and
-            SIGKILL when it is stopped.
+            SIGKILL when it is stopped (a finite number >= 0).
         stop_signal: the default signal that asks a child to stop.
         console: print every child's output lines to the launcher's stderr
-            with a ``HH:MM:SS source |`` prefix (coloured on a terminal).
+            with a ``HH:MM:SS source |`` prefix (coloured on a terminal), at
+            INFO and above.
         handlers: extra :class:`logging.Handler` objects (or :class:`Route`
             objects limiting a handler to some sources and levels) that
             receive the records; they are called from a worker thread, never
-            on the loop.  A handler with no level of its own takes the root
-            logger's level.
+            on the loop.  A handler gets the records at its own level (every
+            record if it has none): the root logger's level does not apply.
         log_dir: write logs under this folder: each run gets a timestamped
             subfolder (:attr:`Runner.log_path`) with one file per source and
             a ``combined.log`` holding everything, lifecycle records included.
         propagate: also hand every record to the standard logging tree, to the
             logger named after its source (``<runner>.<process>``), from where
-            it propagates to the application's root logger.
-        handle_signals: forward SIGINT, SIGTERM and SIGHUP to every child while
-            the runner is open, then raise :class:`KeyboardInterrupt` (SIGINT) or
-            :class:`Signalled` out of the ``async with`` (see
-            the signals how-to).  ``None``, the default, handles them when
-            the runner is entered on the main thread; ``False`` installs nothing
-            (for embedding: the host application cancels the runner instead).
+            it propagates to the application's root logger (whose level and
+            handlers then apply).
+        handle_signals: what to do with SIGINT, SIGTERM and SIGHUP while the
+            runner is open (see :doc:`howto/signals`).  ``None``, the default,
+            takes a signal only if nobody holds it (its handler is still
+            Python's default) and the runner is entered on the main thread:
+            then the signal is forwarded to every child at once and the block
+            raises :class:`KeyboardInterrupt` (SIGINT) or :class:`Signalled`.
+            Signals that the application, its framework, ``asyncio.run`` or
+            ``trio.run`` installed a handler for are left to it: the
+            cancellation it delivers stops every child just as well.
+            ``True`` takes all three whoever holds them (for a command-line
+            launcher); ``False`` never touches a handler.
     """
     return Runner(
         name=name,
