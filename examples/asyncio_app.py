@@ -64,15 +64,18 @@ async def main() -> None:
         print(f"web: listening on port {port} (pid {web.pid})")
         print(f"web: GET / -> {await fetch(port)!r}")
 
-        # run() = start + wait.  It raises ProcessFailed itself on failure...
-        build = await r.run([PYTHON, "-c", BUILD], name="build")
-        print(f"build: exited with code {build.returncode}")
+        # run() = start + wait, like subprocess.run.  Its output goes to the log
+        # (corral.LOG, the default) and, with PIPE, into the result as well.
+        # It raises ProcessFailed itself on failure...
+        build = await r.run([PYTHON, "-c", BUILD], name="build", stdout=corral.LOG | corral.PIPE)
+        print(f"build: exited with code {build.returncode}, said {build.stdout!r}")
         # ...unless check=False, which just returns the finished process.
         lint = await r.run([PYTHON, "-c", LINT], name="lint", check=False)
         print(f"lint: exited with code {lint.returncode} (check=False, so not an error)")
 
         # Stop signal to the server's process group, up to grace, then SIGKILL.
-        code = await web.terminate()
+        # (web.terminate() would send SIGTERM at once and not wait.)
+        code = await web.stop()
         print(f"web: stopped, return code {code}")
 
     # A started child that fails takes the runner down: its siblings are

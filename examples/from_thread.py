@@ -38,8 +38,8 @@ def blocking_job(r: corral.Runner, server: corral.Process) -> None:
     names = r.token.run_sync(lambda: [p.name for p in r.processes])
     print(f"r.token.run_sync sees these children running: {names}")
 
-    code = r.token.run(server.terminate)
-    print(f"r.token.run(server.terminate) stopped the server, return code {code}")
+    code = r.token.run(server.stop)
+    print(f"r.token.run(server.stop) stopped the server, return code {code}")
 
 
 async def main() -> None:

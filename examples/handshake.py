@@ -73,12 +73,12 @@ async def main() -> None:
         with anyio.fail_after(30):
             await counter.enough.wait()
         print(f"worker has done {counter.wanted} steps; stopping it")
-        code = await worker.terminate()
+        code = await worker.stop()
         print(f"worker stopped, return code {code}")
 
         shell = await r.start(["sh", "-c", SHELL], name="shell", wait_started=True)
         print(f"shell child reported {shell.started_value}")
-        await shell.terminate()
+        await shell.stop()
 
         try:
             await r.start([PYTHON, "-c", BROKEN], name="broken", wait_started=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -137,6 +138,86 @@ def is_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids of the direct children of ``pid`` (zombies included: an unreaped child leaks too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(b")") + 2 :].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+# Threads of the event loops' own worker pools: idle ones retire on their own.
+_POOL_THREADS = ("AnyIO worker thread", "Trio thread", "asyncio_")
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail any test that leaves a child process, a descriptor or a thread behind.
+
+    A test that hands such a thing to a later one on purpose (a session-scoped
+    fixture's daemons) marks itself ``@pytest.mark.leaks_allowed``.
+    """
+    if request.node.get_closest_marker("leaks_allowed"):
+        yield
+        return
+    children_before = set(children_of(os.getpid()))
+    fds_before = open_fds()
+    threads_before = set(threading.enumerate())
+    yield
+    leaked_children = [pid for pid in children_of(os.getpid()) if pid not in children_before]
+    threads = [
+        t
+        for t in threading.enumerate()
+        if t not in threads_before and t.is_alive() and not t.name.startswith(_POOL_THREADS)
+    ]
+    for thread in threads:
+        thread.join(2.0)  # one finishing its last step is not a leak
+    threads = [t for t in threads if t.is_alive()]
+    leaked_fds = sorted(open_fds() - fds_before)
+    described = {fd: _describe_fd(fd) for fd in leaked_fds}
+    # Descriptors a library opens once and keeps for the process's life.
+    described = {fd: what for fd, what in described.items() if not _is_cache(what)}
+    problems = []
+    if leaked_children:
+        problems.append(f"child processes: {leaked_children}")
+    if described:
+        problems.append(f"descriptors: {described}")
+    if threads:
+        problems.append(f"threads: {[t.name for t in threads]}")
+    if problems:
+        for pid in leaked_children:
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        pytest.fail("the test leaked " + "; ".join(problems), pytrace=False)
+
+
+def _describe_fd(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "?"
+
+
+def _is_cache(what: str) -> bool:
+    # /dev/urandom kept open by a library, the hypothesis database...
+    return what in ("/dev/urandom", "/dev/random") or ".hypothesis" in what
 
 
 @pytest.fixture

@@ -44,14 +44,14 @@ async def test_cancel_anywhere_leaves_nothing_behind(
     with anyio.move_on_after(delay):
         async with corral.open_runner(console=False, grace=2) as r:
             if via == "run":
-                await r.run(argv, env=env, wait_started=wait_started)
+                await r.run(argv, extra_env=env, wait_started=wait_started)
             elif via == "start":
                 with anyio.CancelScope() as inner:
                     inner.deadline = anyio.current_time() + delay
-                    await r.start(argv, env=env, wait_started=wait_started)
+                    await r.start(argv, extra_env=env, wait_started=wait_started)
                     await anyio.sleep_forever()
                 r.cancel()
             else:
-                await r.start(argv, env=env, wait_started=wait_started)
+                await r.start(argv, extra_env=env, wait_started=wait_started)
                 await anyio.sleep_forever()
     assert tagged_pids(tag) == []

@@ -27,7 +27,7 @@ TIMEOUT = 45
 _APP_STDOUT = [
     r"web: listening on port \d+ \(pid \d+\)",
     r"web: GET / -> 'hello from the web child'",
-    r"build: exited with code 0",
+    r"build: exited with code 0, said b'compiling\.\.\.\\nlinking\.\.\.\\nbuild ok\\n'",
     r"lint: exited with code 3 \(check=False, so not an error\)",
     r"web: stopped, return code -15",
     r"caught ProcessFailed: step exited with code 2",
@@ -65,7 +65,7 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
             r"calling r\.cancel\(\) from a thread raised WrongLoopError",
             r"r\.token\.run\(r\.run, \.\.\.\) finished 'step' with code 0",
             r"r\.token\.run_sync sees these children running: \['server'\]",
-            r"r\.token\.run\(server\.terminate\) stopped the server, return code -15",
+            r"r\.token\.run\(server\.stop\) stopped the server, return code -15",
             r"done: every child has exited",
         ],
         "stderr": [r"\d\d:\d\d:\d\d threads\.step \| step output"],

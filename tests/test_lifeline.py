@@ -25,9 +25,9 @@ LAUNCHER = textwrap.dedent(
         async with corral.open_runner(console=False) as r:
             for _ in range(3):
                 await r.start(["sh", "-c", "sleep 1000 & sleep 1000 & echo 1 >&3; wait"],
-                              env=env, wait_started=True)
+                              extra_env=env, wait_started=True)
             await r.start([sys.executable, "-c", "import corral.child, time; "
-                           "corral.child.started(); time.sleep(1000)"], env=env,
+                           "corral.child.started(); time.sleep(1000)"], extra_env=env,
                           wait_started=True)
             print(" ".join(str(p.pid) for p in r.processes), flush=True)
             await anyio.sleep_forever()
@@ -76,12 +76,12 @@ def test_lifeline_exits_with_the_runner() -> None:
 async def test_early_child_outlives_idle_worker_threads(tag: str) -> None:
     """PR_SET_PDEATHSIG would kill this child when the spawning thread retires (~10 s idle)."""
     async with corral.open_runner(console=False) as r:
-        p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+        p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
         await anyio.sleep(11)
         # On asyncio an idle worker thread retires only when the next call arrives.
         await anyio.to_thread.run_sync(os.getpid)
         await anyio.sleep(4)
         assert p.returncode is None
         assert is_alive(p.pid)
-        await p.terminate()
+        await p.stop()
     assert p.returncode == -signal.SIGTERM

@@ -25,7 +25,7 @@ FD_SCRIPT = textwrap.dedent(
         async with corral.open_runner(console=False) as r:
             try:
                 while True:
-                    await r.start(["sleep", "1000"], env={"%(tag_var)s": sys.argv[4]})
+                    await r.start(["sleep", "1000"], extra_env={"%(tag_var)s": sys.argv[4]})
             except corral.ResourceLimitError as exc:
                 print("error:", exc)
                 print("running:", len(r.processes))
@@ -78,7 +78,9 @@ async def test_a_thousand_sleeping_children(tag: str) -> None:
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
             for i in range(n):
-                tg.start_soon(functools.partial(r.start, ["sleep", "1000"], name=f"s{i}", env=env))
+                tg.start_soon(
+                    functools.partial(r.start, ["sleep", "1000"], name=f"s{i}", extra_env=env)
+                )
         spawn_time = time.monotonic() - started
         procs = r.processes
         assert len(procs) == n

@@ -88,17 +88,20 @@ async def test_route_by_process_glob_and_level() -> None:
     assert not any(m.startswith("started") for m in web.messages())
 
 
-async def test_handler_without_level_inherits_the_root_level() -> None:
+async def test_a_handler_without_a_level_gets_every_line_whatever_the_root_level() -> None:
+    """The root logger's level governs propagation only, not the runner's own handlers."""
     quiet = ListHandler(logging.NOTSET)
+    leveled = ListHandler(logging.WARNING)
     root = logging.getLogger()
     old = root.level
     root.setLevel(logging.WARNING)
     try:
-        async with corral.open_runner(console=False, handlers=[quiet]) as r:
+        async with corral.open_runner(console=False, handlers=[quiet, leveled]) as r:
             await r.run(["sh", "-c", "echo info; echo warn >&2"], name="x")
     finally:
         root.setLevel(old)
-    assert quiet.messages("corral.x") == ["warn"]
+    assert sorted(quiet.lines("corral.x")) == ["info", "warn"]
+    assert leveled.lines("corral.x") == ["warn"]
 
 
 async def test_records_do_not_propagate_unless_asked() -> None:
@@ -186,7 +189,7 @@ async def test_tail_opened_late_sees_the_backlog() -> None:
         records = p.logs()
         first = [await records.receive(), await records.receive()]
         assert [rec.getMessage() for rec in first] == ["one", "two"]
-        await p.terminate()
+        await p.stop()
         assert [rec async for rec in records] == []
 
 
@@ -226,8 +229,8 @@ async def test_handler_errors_do_not_stop_delivery(capfd: pytest.CaptureFixture[
 
 
 def test_log_files_cap_open_descriptors(tmp_path: Path) -> None:
+    from corral._records import make_record
     from corral._routing import LogFiles
-    from corral._streams import make_record
 
     files = LogFiles(tmp_path, max_open=3)
     before = len(os.listdir("/proc/self/fd"))

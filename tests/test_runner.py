@@ -31,14 +31,14 @@ def ready_child(body: str = "time.sleep(1000)", setup: str = "") -> list[str]:
 
 async def test_start_returns_running_process(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
-        p = await r.start(["sleep", "1000"], name="sleeper", env={TAG_VAR: tag})
+        p = await r.start(["sleep", "1000"], name="sleeper", extra_env={TAG_VAR: tag})
         assert p.name == "sleeper"
         assert p.argv == ("sleep", "1000")
         assert p.returncode is None
         assert is_alive(p.pid)
         assert os.getpgid(p.pid) == p.pid  # its own process group
         assert r.processes == (p,)
-        assert await p.terminate() == -signal.SIGTERM
+        assert await p.stop() == -signal.SIGTERM
         assert r.processes == ()
     assert not is_alive(p.pid)
 
@@ -111,7 +111,7 @@ async def test_failure_propagates_and_stops_siblings(tag: str) -> None:
     start = time.monotonic()
     with pytest.raises(ExceptionGroup) as info:
         async with corral.open_runner(console=False, grace=5) as r:
-            sibling = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+            sibling = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
             await r.start(["sh", "-c", "echo doomed >&2; exit 4"], name="doomed")
             await anyio.sleep_forever()
     elapsed = time.monotonic() - start
@@ -138,7 +138,9 @@ async def test_cancel_stops_children_and_grandchildren(tag: str) -> None:
     env = {TAG_VAR: tag}
     async with corral.open_runner(console=False) as r:
         p = await r.start(
-            ["sh", "-c", "sleep 1000 & sleep 1000 & echo 1 >&3; wait"], env=env, wait_started=True
+            ["sh", "-c", "sleep 1000 & sleep 1000 & echo 1 >&3; wait"],
+            extra_env=env,
+            wait_started=True,
         )
         assert len(group_members(p.pid)) == 3  # the sleeps were forked before sh reported
         r.cancel()
@@ -149,7 +151,7 @@ async def test_cancel_stops_children_and_grandchildren(tag: str) -> None:
 async def test_error_in_body_stops_children(tag: str) -> None:
     with pytest.raises(ExceptionGroup) as info:
         async with corral.open_runner(console=False) as r:
-            p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+            p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
             raise LookupError("boom")
     assert info.group_contains(LookupError)
     assert p.returncode == -signal.SIGTERM
@@ -158,7 +160,7 @@ async def test_error_in_body_stops_children(tag: str) -> None:
 async def test_enclosing_cancel_scope_stops_children(tag: str) -> None:
     with anyio.move_on_after(0.5) as scope:
         async with corral.open_runner(console=False) as r:
-            p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+            p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
             await anyio.sleep_forever()
     assert scope.cancelled_caught
     assert p.returncode == -signal.SIGTERM
@@ -168,11 +170,11 @@ async def test_grace_then_sigkill_for_a_child_ignoring_sigterm(tag: str) -> None
     async with corral.open_runner(console=False, grace=0.5) as r:
         p = await r.start(
             ready_child(setup="signal.signal(signal.SIGTERM, signal.SIG_IGN)"),
-            env={TAG_VAR: tag},
+            extra_env={TAG_VAR: tag},
             wait_started=True,
         )
         start = time.monotonic()
-        assert await p.terminate() == -signal.SIGKILL
+        assert await p.stop() == -signal.SIGKILL
         elapsed = time.monotonic() - start
     assert 0.4 < elapsed < 3
 
@@ -181,18 +183,18 @@ async def test_terminate_grace_argument_overrides(tag: str) -> None:
     async with corral.open_runner(console=False, grace=30) as r:
         p = await r.start(
             ready_child(setup="signal.signal(signal.SIGTERM, signal.SIG_IGN)"),
-            env={TAG_VAR: tag},
+            extra_env={TAG_VAR: tag},
             wait_started=True,
         )
         with anyio.fail_after(5):
-            assert await p.terminate(grace=0.1) == -signal.SIGKILL
+            assert await p.stop(grace=0.1) == -signal.SIGKILL
 
 
 async def test_terminate_and_kill_are_not_failures(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
-        a = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
-        b = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
-        await a.terminate()
+        a = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
+        b = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
+        await a.stop()
         b.kill()
         assert await b.wait() == -signal.SIGKILL
 
@@ -200,7 +202,9 @@ async def test_terminate_and_kill_are_not_failures(tag: str) -> None:
 async def test_send_signal_reaches_the_group_and_counts_as_failure(tag: str) -> None:
     with pytest.raises(ExceptionGroup) as info:
         async with corral.open_runner(console=False) as r:
-            p = await r.start(ready_child(), name="usr1", env={TAG_VAR: tag}, wait_started=True)
+            p = await r.start(
+                ready_child(), name="usr1", extra_env={TAG_VAR: tag}, wait_started=True
+            )
             p.send_signal(signal.SIGUSR1)
             await p.wait()
     (err,) = info.value.exceptions
@@ -211,14 +215,14 @@ async def test_send_signal_reaches_the_group_and_counts_as_failure(tag: str) -> 
 async def test_cancelling_run_stops_its_child(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
         with anyio.move_on_after(0.3):
-            await r.run(["sleep", "1000"], name="long", env={TAG_VAR: tag})
+            await r.run(["sleep", "1000"], name="long", extra_env={TAG_VAR: tag})
         assert r.processes == ()
         assert tagged_pids(tag) == []
 
 
 async def test_leftovers_in_the_group_die_with_the_leader(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
-        await r.run(["sh", "-c", "sleep 1000 & exit 0"], env={TAG_VAR: tag})
+        await r.run(["sh", "-c", "sleep 1000 & exit 0"], extra_env={TAG_VAR: tag})
     assert tagged_pids(tag) == []
 
 
@@ -226,7 +230,7 @@ async def test_nested_runners_and_user_task_groups(tag: str) -> None:
     env = {TAG_VAR: tag}
     async with anyio.create_task_group() as tg, corral.open_runner(name="outer") as outer:
         async with corral.open_runner(name="inner", console=False) as inner:
-            a = await outer.start(["sleep", "1000"], env=env)
+            a = await outer.start(["sleep", "1000"], extra_env=env)
             b = await inner.run(["true"])
             assert b.returncode == 0
 
@@ -238,7 +242,7 @@ async def test_nested_runners_and_user_task_groups(tag: str) -> None:
 
             tg.start_soon(in_task)
             await done.wait()
-        await a.terminate()
+        await a.stop()
 
 
 async def test_start_from_a_task_after_the_body_ended_is_refused() -> None:
@@ -276,7 +280,7 @@ async def test_cwd_and_env(tmp_path: os.PathLike[str]) -> None:
                 ],
                 name="p",
                 cwd=tmp_path,
-                env={"X": "y", "CORRAL_TEST_REMOVE_ME": None},
+                extra_env={"X": "y", "CORRAL_TEST_REMOVE_ME": None},
             )
     finally:
         del os.environ["CORRAL_TEST_REMOVE_ME"]
@@ -285,8 +289,8 @@ async def test_cwd_and_env(tmp_path: os.PathLike[str]) -> None:
 
 async def test_names_are_unique_among_running_children(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
-        a = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
-        b = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+        a = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
+        b = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
         assert (a.name, b.name) == ("sleep", "sleep-2")
         with pytest.raises(ValueError, match="already running"):
             await r.start(["true"], name="sleep")
@@ -315,7 +319,7 @@ async def test_stdout_flood_does_not_deadlock() -> None:
     logs = ListHandler()
     script = "import sys\nfor i in range(20000): sys.stdout.write(f'line {i}\\n')"
     async with corral.open_runner(console=False, handlers=[logs]) as r:
-        await r.run([PY, "-c", script], name="flood", env={"PYTHONUNBUFFERED": None})
+        await r.run([PY, "-c", script], name="flood", extra_env={"PYTHONUNBUFFERED": None})
     lines = logs.lines("corral.flood")
     assert lines == [f"line {i}" for i in range(20000)]
 
@@ -331,15 +335,28 @@ async def test_output_is_delivered_before_wait_returns_even_after_sigkill() -> N
     assert logs.lines("corral.k") == ["a" * 100, "partial"]
 
 
-async def test_discard_and_inherit_streams() -> None:
+async def test_discard_and_inherit_streams(capfd: pytest.CaptureFixture[str]) -> None:
     logs = ListHandler()
     async with corral.open_runner(console=False, handlers=[logs]) as r:
         await r.run(
-            ["sh", "-c", "echo out; echo err >&2"], name="d", stdout="discard", stderr="discard"
+            ["sh", "-c", "echo out-discarded; echo err-discarded >&2"],
+            name="d",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-        with pytest.raises(ValueError, match="stdout"):
+        await r.run(
+            ["sh", "-c", "echo out-inherited; echo err-inherited >&2"],
+            name="i",
+            stdout=None,
+            stderr=None,
+        )
+        with pytest.raises(TypeError, match="stdout"):
             await r.start(["true"], stdout="bogus")  # type: ignore[arg-type]
     assert logs.lines("corral.d") == []
+    assert logs.lines("corral.i") == []
+    out, err = capfd.readouterr()
+    assert "out-inherited" in out and "err-inherited" in err
+    assert "discarded" not in out + err
 
 
 async def test_lifecycle_records() -> None:

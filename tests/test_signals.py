@@ -43,8 +43,9 @@ import os, signal, sys
 import anyio
 import corral
 
-backend, layout, grace, tag, outdir, child_mode, outcome_mode = sys.argv[1:8]
+backend, layout, grace, tag, outdir, child_mode, outcome_mode, handle = sys.argv[1:9]
 grace = float(grace)
+handle = {"true": True, "default": None}[handle]
 
 CHILD = f"""
 import os, signal, sys, time
@@ -68,7 +69,7 @@ async def fill(r):
     async with anyio.create_task_group() as tg:
         for i in range(3):
             tg.start_soon(lambda i=i: r.start(
-                [sys.executable, "-c", CHILD], name=f"c{i}", env={"CORRAL_TEST_TAG": tag},
+                [sys.executable, "-c", CHILD], name=f"c{i}", extra_env={"CORRAL_TEST_TAG": tag},
                 wait_started=True,
             ))
 
@@ -79,16 +80,22 @@ def ready(*runners):
 async def main():
     console = outcome_mode == "console"
     if layout == "nested":
-        async with corral.open_runner(name="a", grace=grace, console=console) as a:
+        async with corral.open_runner(
+            name="a", grace=grace, console=console, handle_signals=handle
+        ) as a:
             await fill(a)
-            async with corral.open_runner(name="b", grace=grace, console=console) as b:
+            async with corral.open_runner(
+                name="b", grace=grace, console=console, handle_signals=handle
+            ) as b:
                 await fill(b)
                 ready(a, b)
                 await anyio.sleep_forever()
     else:
         runners = []
         async def one(name):
-            async with corral.open_runner(name=name, grace=grace, console=console) as r:
+            async with corral.open_runner(
+                name=name, grace=grace, console=console, handle_signals=handle
+            ) as r:
                 await fill(r)
                 runners.append(r)
                 if len(runners) == 2:
@@ -130,6 +137,7 @@ class Launcher:
         grace: float = 5.0,
         child_mode: str = "obey",
         outcome_mode: str = "catch",
+        handle: str = "true",
     ) -> None:
         script = tmp_path / "launcher.py"
         script.write_text(LAUNCHER)
@@ -149,6 +157,7 @@ class Launcher:
                     str(self.outdir),
                     child_mode,
                     outcome_mode,
+                    handle,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE if console else err,
@@ -352,7 +361,7 @@ def _sleep_child() -> list[str]:
 async def test_previous_handlers_are_restored_exactly(
     custom_handlers: dict[int, object],
 ) -> None:
-    async with corral.open_runner(console=False):
+    async with corral.open_runner(console=False, handle_signals=True):
         during = _current()
         assert all(h is not _custom_handler for h in during.values())
         async with corral.open_runner(console=False):
@@ -368,10 +377,47 @@ async def test_backend_handlers_are_restored_exactly() -> None:
     # Whatever the event loop installed (Trio's KeyboardInterrupt handler,
     # asyncio.Runner's SIGINT handler, or Python's own) comes back as is.
     before = _current()
-    async with corral.open_runner(console=False):
+    async with corral.open_runner(console=False, handle_signals=True):
         assert all(_current()[s] is not before[s] for s in HANDLED)
     after = _current()
     assert all(after[s] is before[s] for s in HANDLED)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_by_default_a_runner_takes_only_signals_nobody_holds(
+    custom_handlers: dict[int, object],
+) -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # free: nobody installed a handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own: free too
+    async with corral.open_runner(console=False):
+        during = _current()
+        assert during[signal.SIGTERM] is _custom_handler  # the application's: left alone
+        assert during[signal.SIGHUP] not in (signal.SIG_DFL, _custom_handler)
+        assert during[signal.SIGINT] is not signal.default_int_handler
+    after = _current()
+    assert after[signal.SIGTERM] is _custom_handler
+    assert after[signal.SIGHUP] == signal.SIG_DFL
+    assert after[signal.SIGINT] is signal.default_int_handler
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_by_default_the_loops_own_sigint_handler_is_left_alone(backend: str) -> None:
+    """asyncio.run and trio.run install a SIGINT handler: the runner must not replace it."""
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        seen["loop"] = signal.getsignal(signal.SIGINT)
+        async with corral.open_runner(console=False):
+            seen["runner"] = signal.getsignal(signal.SIGINT)
+            seen["sigterm"] = signal.getsignal(signal.SIGTERM)
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    anyio.run(main, backend=backend)
+    assert seen["loop"] is not signal.default_int_handler  # the loop took it
+    assert seen["runner"] is seen["loop"]
+    assert seen["sigterm"] != signal.SIG_DFL  # nobody held SIGTERM: the runner took it
 
 
 @pytest.mark.anyio
@@ -385,14 +431,14 @@ async def test_sibling_runners_share_the_handler_until_the_last_leaves(
     seen: dict[str, dict[int, object]] = {}
 
     async def first() -> None:
-        async with corral.open_runner(name="first", console=False):
+        async with corral.open_runner(name="first", console=False, handle_signals=True):
             first_in.set()
             await second_in.wait()
         first_out.set()
 
     async def second() -> None:
         await first_in.wait()
-        async with corral.open_runner(name="second", console=False):
+        async with corral.open_runner(name="second", console=False, handle_signals=True):
             second_in.set()
             await first_out.wait()
             seen["after first left"] = _current()
@@ -416,7 +462,7 @@ async def test_handle_signals_false_installs_nothing(custom_handlers: dict[int, 
 @pytest.mark.timeout(30)
 async def test_ignored_signals_stay_ignored(custom_handlers: dict[int, object]) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
-    async with corral.open_runner(console=False):
+    async with corral.open_runner(console=False, handle_signals=True):
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
         assert signal.getsignal(signal.SIGTERM) is not _custom_handler
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
@@ -431,7 +477,7 @@ def test_runner_off_the_main_thread_installs_nothing(backend: str, tag: str) -> 
 
     async def main() -> None:
         async with corral.open_runner(console=False) as r:
-            await r.start(_sleep_child(), env={TAG_VAR: tag}, wait_started=True)
+            await r.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             seen.append(_current())
             r.cancel()
         with pytest.raises(RuntimeError, match="main thread"):
@@ -460,7 +506,7 @@ async def test_signal_to_this_process_raises_signalled(tag: str, sig: int) -> No
     before = _current()
     with pytest.raises(corral.Signalled) as info:
         async with corral.open_runner(console=False) as r:
-            p = await r.start(_sleep_child(), env={TAG_VAR: tag}, wait_started=True)
+            p = await r.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             os.kill(os.getpid(), sig)
             await anyio.sleep_forever()
     assert info.value.signal == sig
@@ -475,10 +521,10 @@ async def test_signal_to_this_process_raises_signalled(tag: str, sig: int) -> No
 async def test_sigint_to_this_process_raises_keyboard_interrupt(tag: str) -> None:
     caught = []
     try:
-        async with corral.open_runner(console=False) as outer:
-            a = await outer.start(_sleep_child(), env={TAG_VAR: tag}, wait_started=True)
+        async with corral.open_runner(console=False, handle_signals=True) as outer:
+            a = await outer.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             async with corral.open_runner(console=False) as inner:
-                b = await inner.start(_sleep_child(), env={TAG_VAR: tag}, wait_started=True)
+                b = await inner.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
                 os.kill(os.getpid(), signal.SIGINT)
                 await anyio.sleep_forever()
     except* KeyboardInterrupt as group:
@@ -493,8 +539,8 @@ async def test_interrupt_from_runners_in_a_task_group_is_caught_by_except_star(t
     caught = []
 
     async def one(task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with corral.open_runner(console=False) as r:
-            await r.start(_sleep_child(), env={TAG_VAR: tag}, wait_started=True)
+        async with corral.open_runner(console=False, handle_signals=True) as r:
+            await r.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -515,7 +561,7 @@ async def test_interrupt_from_runners_in_a_task_group_is_caught_by_except_star(t
 async def test_failure_before_the_signal_travels_with_it(tag: str) -> None:
     with pytest.raises(BaseExceptionGroup) as info:
         async with corral.open_runner(console=False) as r:
-            await r.start(_sleep_child(), env={TAG_VAR: tag}, wait_started=True)
+            await r.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             # A check=True child fails; the signal arrives while the runner
             # is stopping because of it.
             failing = await r.start([PY, "-c", "raise SystemExit(5)"], name="failing")

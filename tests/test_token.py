@@ -33,7 +33,7 @@ async def test_token_calls_back_into_the_loop_from_a_thread(tag: str) -> None:
         def in_thread() -> tuple[int, int, int | None]:
             proc = r.token.run(r.start, ["sleep", "1000"])
             where = r.token.run_sync(threading.get_ident)
-            code = r.token.run(proc.terminate)
+            code = r.token.run(proc.stop)
             return where, len(r.token.run_sync(lambda: r.processes)), code
 
         where, count, code = await anyio.to_thread.run_sync(in_thread)
@@ -44,7 +44,7 @@ async def test_token_calls_back_into_the_loop_from_a_thread(tag: str) -> None:
 
 async def test_foreign_thread_gets_wrong_loop_error_at_once(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
-        p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+        p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
         errors: list[BaseException] = []
 
         def in_thread() -> None:
@@ -58,7 +58,7 @@ async def test_foreign_thread_gets_wrong_loop_error_at_once(tag: str) -> None:
         assert len(errors) == 3
         assert "r.token" in str(errors[0])
         assert p.returncode is None  # nothing happened to it
-        await p.terminate()
+        await p.stop()
 
 
 async def test_token_run_on_the_loop_thread_refuses_instead_of_deadlocking() -> None:
@@ -69,7 +69,7 @@ async def test_token_run_on_the_loop_thread_refuses_instead_of_deadlocking() -> 
 
 async def test_other_event_loop_gets_wrong_loop_error(anyio_backend: str, tag: str) -> None:
     async with corral.open_runner(console=False) as r:
-        p = await r.start(["sleep", "1000"], env={TAG_VAR: tag})
+        p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
         result: list[BaseException | None] = []
 
         async def elsewhere() -> None:
@@ -89,7 +89,7 @@ async def test_other_event_loop_gets_wrong_loop_error(anyio_backend: str, tag: s
 
         await anyio.to_thread.run_sync(other_loop)
         assert isinstance(result[0], corral.WrongLoopError)
-        await p.terminate()
+        await p.stop()
 
 
 def test_same_thread_later_loop_gets_wrong_loop_error() -> None:
@@ -97,7 +97,9 @@ def test_same_thread_later_loop_gets_wrong_loop_error() -> None:
 
     async def first() -> None:
         async with corral.open_runner(console=False) as r:
-            saved.append(await r.run(["true"]))
+            p = await r.start(["true"])
+            await p.wait()
+            saved.append(p)
 
     async def second() -> None:
         with pytest.raises(corral.WrongLoopError, match="another event loop"):
