@@ -255,7 +255,7 @@ class CorralLogHandler(logging.Handler):
 
 
 def connect(
-    level: int = logging.NOTSET, *, logger: logging.Logger | None = None
+    level: int = logging.NOTSET, *, logger: logging.Logger | None = None, stacklevel: int = 2
 ) -> CorralLogHandler | None:
     """Send this process's log records to the corral launcher that started it.
 
@@ -291,7 +291,7 @@ def connect(
                 warnings.warn(
                     f"corral: cannot send log records to the launcher at {path!r}: {exc}",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=stacklevel,
                 )
                 return None
             target.addHandler(handler)

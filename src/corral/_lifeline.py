@@ -25,8 +25,9 @@ keeps the other.  The runner tells it, one short line each:
     child *n* was never spawned (the spawn failed).
 ``-<pgid>``
     that group was reaped (its id may be reused from now on).
-``d<path>`` / ``D<path>``
-    remove that folder if the launcher dies (the log socket's) / forget it.
+``d<path>``
+    remove that folder when the launcher is gone (the log socket's; on a
+    clean exit the runner has removed it already).
 
 The helper ignores the usual stop signals and simply reads.  When the read
 returns end-of-file, the runner's process is gone — or the runner closed its
@@ -104,8 +105,6 @@ while True:
             pending.discard(rest)
         elif kind == b"d":
             folders.add(rest)
-        elif kind == b"D":
-            folders.discard(rest)
 for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -219,10 +218,6 @@ class Lifeline:
         """Remove ``path`` if the launcher dies."""
         self._folders.add(path)
         self._send(b"d" + os.fsencode(path) + b"\n")
-
-    def remove_folder(self, path: str) -> None:
-        self._folders.discard(path)
-        self._send(b"D" + os.fsencode(path) + b"\n")
 
     def _send(self, line: bytes) -> None:
         # A short line into a socket that the helper drains at once: the send

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import anyio
 import anyio.to_thread
@@ -202,9 +202,6 @@ class LogHub:
 
     def warn(self, message: str) -> None:
         self.log(logging.WARNING, message)
-
-    def error_callback(self) -> Callable[[str], None]:
-        return lambda message: self.log(logging.ERROR, message)
 
     # -- waiting ----------------------------------------------------------------------------
 

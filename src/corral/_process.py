@@ -177,7 +177,6 @@ class _Run:
         self.startup_error: Exception | None = None
         self.returncode: int | None = None
         self.exit_seen: int | None = None
-        self.status_lost = False
         self.duration: float | None = None
         self.leader_exited = anyio.Event()
         self.reaped = anyio.Event()
@@ -712,7 +711,6 @@ class Process:
         except _platform.StatusLost:
             # SIGCHLD ignored, or the application reaps children itself:
             # the status is gone.  Report what subprocess and Trio report.
-            run.status_lost = True
             self._services.hub.log(
                 logging.WARNING,
                 f"{self._name} (pid {run.pid}) exited, but its exit status was collected "

@@ -203,12 +203,6 @@ class Source:
         elif not full:
             self._room.set()
 
-    async def wait_for_room(self) -> None:
-        """Wait while some tail is full (backpressure); returns at once otherwise."""
-        while not self._room.is_set():
-            self._live_tails()  # a dropped tail no longer counts
-            await self._room.wait()
-
     def room_event(self) -> anyio.Event:
         """Set while no tail is full."""
         self._live_tails()

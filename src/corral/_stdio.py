@@ -88,7 +88,7 @@ class Plan:
     pipe: bool = False
     fd: int | None = None  # the child's end: a descriptor of the caller's, or None
     special: int | None = None  # DEVNULL or STDOUT, for the spawn
-    inherit: bool = False
+    # None of the above: inherited from the launcher.
 
 
 def _descriptor(value: object, what: str) -> int | None:
@@ -114,7 +114,7 @@ def plan_output(value: object, what: str) -> Plan:
     if isinstance(value, LogOption):
         return Plan(log=True, pipe=value.pipe)
     if value is None:
-        return Plan(inherit=True)
+        return Plan()
     if isinstance(value, int) and not isinstance(value, bool):
         if value == PIPE:
             return Plan(pipe=True)
@@ -140,7 +140,7 @@ def plan_input(value: object) -> Plan:
     if isinstance(value, LogOption):
         raise TypeError("stdin cannot be corral.LOG: a child's input is not a log")
     if value is None:
-        return Plan(inherit=True)
+        return Plan()
     if isinstance(value, int) and not isinstance(value, bool):
         if value == PIPE:
             return Plan(pipe=True)

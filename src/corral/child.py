@@ -4,22 +4,64 @@ Everything here is a harmless no-op when the program was not started by
 corral (or not asked for the feature), so a script can call it
 unconditionally and still run on its own.
 
-This module is light on purpose: importing it loads the standard library's
-:mod:`logging`, :mod:`json` and :mod:`socket` and the ``msgspec`` encoder,
-and nothing of the launcher (no AnyIO, no event loop), because every Python
-child that reports its start or sends its records pays for it.
+This module is light on purpose, because every Python child that reports
+its start or sends its records pays for it: importing it loads a few modules
+of the standard library and nothing of the launcher (no AnyIO, no event
+loop).  The ``msgspec`` encoder that :func:`connect` sends records with is
+loaded by the first call that finds a launcher to connect to.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
+from typing import TYPE_CHECKING, Any
 
 from . import _childenv
-from ._child_logging import CorralLogHandler, connect
+
+if TYPE_CHECKING:
+    from ._child_logging import CorralLogHandler
 
 __all__ = ["CorralLogHandler", "connect", "started"]
+
+
+def connect(
+    level: int = logging.NOTSET, *, logger: logging.Logger | None = None
+) -> CorralLogHandler | None:
+    """Send this process's log records to the corral launcher that started it.
+
+    If the environment names a launcher's log socket (``CORRAL_LOG_SOCKET`` and
+    ``CORRAL_LOG_SECRET``), connect to it, add a :class:`CorralLogHandler` at
+    ``level`` to ``logger`` (the root logger by default) and return the
+    handler.  Otherwise do nothing and return ``None``.
+
+    Calling it again does not add a second handler: it returns the one already
+    on that logger, with its level set to ``level``.
+
+    The logger's own level still filters records before any handler sees them;
+    the root logger's default is ``WARNING``.  So if ``level`` is given and is
+    below the logger's effective level, the logger's level is lowered to
+    ``level``: ``connect(logging.INFO)`` makes ``logging.info(...)`` reach the
+    launcher.  With the default ``NOTSET`` the logger's level is left alone.
+
+    If the socket cannot be reached, a :exc:`RuntimeWarning` says so and
+    ``None`` is returned: losing the logs is no reason to stop the program.
+    """
+    if not os.environ.get(_childenv.LOG_SOCKET) or _childenv.LOG_SECRET not in os.environ:
+        return None
+    from ._child_logging import connect as connect_now
+
+    return connect_now(level, logger=logger, stacklevel=3)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CorralLogHandler":
+        from ._child_logging import CorralLogHandler
+
+        return CorralLogHandler
+    raise AttributeError(f"module 'corral.child' has no attribute {name!r}")
 
 
 def _handshake_fd() -> int | None:
