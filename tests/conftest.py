@@ -17,8 +17,15 @@ import uuid
 from collections.abc import Iterable, Iterator
 
 import pytest
+from hypothesis import settings
 
 TAG_VAR = "CORRAL_TEST_TAG"
+
+# In CI: no per-example deadlines (a loaded machine is not a failing test), and
+# the same examples every run, so that a failure can be reproduced.
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 class ListHandler(logging.Handler):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,3 +166,100 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     assert not missing, f"names in corral.__all__ without an entry in docs/api.rst: {missing}"
     assert ".. automodule:: corral.child" in api
     assert corral.child.__all__, "corral.child exports nothing"
+
+
+# -- what the package is made of -----------------------------------------------------------
+
+
+def test_nothing_under_src_imports_trio() -> None:
+    """Trio is an optional extra: corral must import and run without it."""
+    found = []
+    for path in src_files():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: imports {name}"
+                for name in names
+                if name == "trio" or name.startswith("trio.")
+            ]
+    assert not found, "\n".join(found)
+
+
+def test_corral_runs_without_trio_installed() -> None:
+    """With trio hidden, the package imports and a runner works on asyncio."""
+    code = (
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'trio' or name.startswith('trio.'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "import asyncio, corral\n"
+        "async def main():\n"
+        "    async with corral.open_runner(console=False) as r:\n"
+        "        print((await r.run(['echo', 'ok'], stdout=corral.PIPE)).stdout.decode().strip())\n"
+        "asyncio.run(main())\n"
+        "assert 'trio' not in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_the_child_side_imports_nothing_of_the_launcher() -> None:
+    code = (
+        "import sys, corral.child\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('anyio', 'trio', 'asyncio', 'msgspec', 'rich') or m.startswith('corral.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = set(out.stdout.split())
+    assert loaded <= {"corral.child", "corral._childenv"}, loaded
+
+
+def test_import_corral_is_lazy() -> None:
+    code = "import sys, corral\nprint(' '.join(sorted(m for m in sys.modules if 'anyio' in m)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.timeout(120)
+def test_the_wheel_holds_the_package_and_nothing_stray(tmp_path: Path) -> None:
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = tmp_path.glob("corral-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    package = sorted(n for n in names if n.startswith("corral/"))
+    expected = sorted(
+        f"corral/{p.relative_to(SRC / 'corral').as_posix()}"
+        for p in (SRC / "corral").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+    assert package == expected
+    stray = [n for n in package if n.endswith((".orig", ".rej", ".pyc", "~"))]
+    assert not stray
+    assert "corral/py.typed" in package

@@ -61,6 +61,7 @@ def test_test_command_runs_every_check() -> None:
         "ruff check .",
         "ruff format --check .",
         "mypy --strict src",
+        "vulture",
         "sphinx-build -W --keep-going",
         "python -m pytest",
     ):

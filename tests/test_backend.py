@@ -1,0 +1,147 @@
+"""The few loop-specific things corral does without AnyIO, and the one private detail.
+
+``is_asyncio_main_task`` reads a private attribute of asyncio tasks (their done
+callbacks) to tell the task ``asyncio.run`` runs from every other.  If a
+Python release changes that, these tests fail loudly, here, rather than
+silently making every KeyboardInterrupt come out wrapped in a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+
+import anyio
+import pytest
+
+from corral._backend import current_loop, is_asyncio_main_task, outlast_native_cancel
+
+
+def test_the_main_task_of_asyncio_run_is_recognised() -> None:
+    seen: dict[str, bool] = {}
+
+    async def other() -> None:
+        seen["other"] = is_asyncio_main_task()
+
+    async def main() -> None:
+        seen["main"] = is_asyncio_main_task()
+        await asyncio.gather(asyncio.ensure_future(other()))
+
+    asyncio.run(main())
+    assert seen == {"main": True, "other": False}
+
+
+def test_the_main_task_of_run_until_complete_is_recognised() -> None:
+    seen: list[bool] = []
+
+    async def main() -> None:
+        seen.append(is_asyncio_main_task())
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert seen == [True]
+
+
+@pytest.mark.leaks_allowed  # uvloop keeps a self-pipe open for the process's whole life
+def test_the_main_task_of_uvloop_is_recognised() -> None:
+    uvloop = pytest.importorskip("uvloop")
+    seen: list[bool] = []
+
+    async def main() -> None:
+        seen.append(is_asyncio_main_task())
+
+    uvloop.run(main())
+    assert seen == [True]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_loop_is_captured_with_the_backends_own_api(backend: str) -> None:
+    async def main() -> None:
+        loop = current_loop()
+        assert loop.backend == backend
+        assert loop.is_running()
+        called = anyio.Event()
+        # From another thread, as a signal handler would (both are documented as safe).
+        thread = threading.Thread(target=loop.call_soon_threadsafe, args=(called.set,))
+        thread.start()
+        with anyio.fail_after(5):
+            await called.wait()
+        thread.join()
+
+    anyio.run(main, backend=backend)
+
+
+def test_trio_guest_mode_in_asyncio_counts_as_trio() -> None:
+    trio = pytest.importorskip("trio")
+    seen: list[str] = []
+
+    async def trio_main() -> None:
+        seen.append(current_loop().backend)
+
+    async def host() -> None:
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=lambda outcome: done.set(),
+        )
+        await done.wait()
+
+    asyncio.run(host())
+    assert seen == ["trio"]
+
+
+def test_outlast_native_cancel_finishes_the_wait_then_cancels() -> None:
+    """asyncio's Task.cancel() goes through AnyIO's shields; this wait does not give way."""
+
+    async def main() -> list[str]:
+        steps: list[str] = []
+        event = anyio.Event()
+
+        async def critical() -> None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await outlast_native_cancel(event.wait)
+                finally:
+                    steps.append(f"left the wait with the event set: {event.is_set()}")
+
+        task = asyncio.ensure_future(critical())
+        await asyncio.sleep(0)
+        task.cancel()  # what asyncio.run does to every task at its end
+        await asyncio.sleep(0)
+        steps.append("cancel delivered")
+        event.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return steps
+
+    assert asyncio.run(main()) == ["cancel delivered", "left the wait with the event set: True"]
+
+
+def test_interrupts_on_asyncio_main_task_are_bare_elsewhere_grouped(tmp_path: object) -> None:
+    """The consequence of the check, end to end: SIGINT out of a runner in a side task."""
+    code = (
+        "import asyncio, os, signal, corral\n"
+        "async def side():\n"
+        "    async with corral.open_runner(console=False, handle_signals=True):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        await asyncio.sleep(10)\n"
+        "async def main():\n"
+        "    try:\n"
+        "        await asyncio.ensure_future(side())\n"
+        "    except BaseExceptionGroup as group:\n"
+        "        print('group', [type(e).__name__ for e in group.exceptions])\n"
+        "asyncio.run(main())\n"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "group ['KeyboardInterrupt']"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
