@@ -28,10 +28,14 @@ __all__ = [
     "PIPE",
     "STDERR_TAIL_BYTES",
     "STDOUT",
+    "DEFAULT_ENV_PATTERNS",
+    "SSH",
     "CompletedProcess",
     "ConsoleHandler",
     "CorralError",
     "HandshakeError",
+    "LaunchError",
+    "LaunchResult",
     "LogTail",
     "LoopToken",
     "Process",
@@ -41,6 +45,7 @@ __all__ = [
     "Runner",
     "Signalled",
     "StartupFailed",
+    "WorkerFailed",
     "WrongLoopError",
     "open_runner",
 ]
@@ -53,6 +58,11 @@ _HOMES = {
     "STDOUT": "_stdio",
     "STDERR_TAIL_BYTES": "_errors",
     "CompletedProcess": "_process",
+    "DEFAULT_ENV_PATTERNS": "_hosts",
+    "SSH": "_hosts",
+    "LaunchError": "_launch",
+    "LaunchResult": "_launch",
+    "WorkerFailed": "_launch",
     "ConsoleHandler": "_routing",
     "CorralError": "_errors",
     "HandshakeError": "_errors",
@@ -94,6 +104,8 @@ if TYPE_CHECKING:
         StartupFailed,
         WrongLoopError,
     )
+    from ._hosts import DEFAULT_ENV_PATTERNS, SSH
+    from ._launch import LaunchError, LaunchResult, WorkerFailed
     from ._process import CompletedProcess, Process
     from ._routing import ConsoleHandler, Route
     from ._runner import Runner, open_runner

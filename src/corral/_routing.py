@@ -128,11 +128,14 @@ class Chunk:
     created: float = 0.0
     final: bool = False
     records: list[logging.LogRecord] | None = None
+    wire: list[Record] | None = None  # records already decoded (from an agent's link)
 
     @property
     def size(self) -> int:
         if self.records is not None:
             return sum(len(r.msg) for r in self.records) + 600 * len(self.records)
+        if self.wire is not None:
+            return sum(len(r.msg) for r in self.wire) + 200 * len(self.wire)
         return len(self.data) + 128
 
 
@@ -242,6 +245,8 @@ class Router:
             kind = chunk.state.kind
             if kind == LINES:
                 self._lines(chunk, deliveries, touched)
+            elif kind == FRAMES and chunk.wire is not None:
+                self._wire(chunk.state, chunk.wire, deliveries, touched)
             elif kind == FRAMES:
                 had_error = chunk.state.error is not None
                 self._frames(chunk, deliveries, touched)

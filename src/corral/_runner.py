@@ -36,17 +36,19 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from . import _backend, _signals
+from . import _backend, _launch, _signals
 from ._backend import outlast_native_cancel
+from ._hosts import SSH
+from ._launch import DEFAULT_START_TIMEOUT, LaunchResult
 from ._lifeline import Lifeline
 from ._loghub import LogHub
 from ._process import CompletedProcess, Process, ProcessServices, Restart, RestartPolicy
@@ -56,6 +58,8 @@ from ._stdio import DEVNULL, LOG, PIPE, LogOption
 from ._token import LoopToken
 
 __all__ = ["Runner", "open_runner"]
+
+T = TypeVar("T")
 
 StrOrPath = str | os.PathLike[str]
 Output = LogOption | int | IO[Any] | None
@@ -564,6 +568,93 @@ class Runner:
         if check and result.returncode != 0 and not proc._stop_requested:
             result.check_returncode()
         return result
+
+    # -- launching --------------------------------------------------------------------
+
+    async def launch(
+        self,
+        func: Callable[..., T],
+        /,
+        *args: Any,
+        hosts: Sequence[str] | str | None = None,
+        workers_per_host: int | Sequence[int] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
+        copy_env: Sequence[str] = (),
+        ssh: SSH | None = None,
+        launcher_address: str | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        grace: float | None = None,
+        log_level: int = logging.NOTSET,
+        host_log_dir: str | None = None,
+    ) -> LaunchResult[T]:
+        """Run ``func(*args)`` once per worker, on this machine or across hosts.
+
+        Returns a :class:`LaunchResult`: the return values in global rank
+        order (``results[0]`` is rank 0's), with ``results.by_host[host]``
+        listing each host's in local-rank order.  Each worker is a fresh
+        Python process with the environment torchrun gives (``RANK``,
+        ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+        ``MASTER_ADDR``, ``MASTER_PORT``), so
+        ``torch.distributed.init_process_group("gloo")`` needs no arguments.
+        Its stdout, stderr and :mod:`logging` records reach this runner under
+        the source ``<runner>.agent-<i>.worker-<j>``, with no set-up code in
+        the function.  See :doc:`howto/launch`.
+
+        Args:
+            func: any importable function, or any callable cloudpickle can
+                carry (a closure, a lambda, a function of ``__main__``).
+                Keyword arguments go in with :func:`functools.partial`, so
+                launch's own options never collide with the function's.
+            args: positional arguments for ``func``.
+            hosts: ``None`` (this machine, no ssh), a list of hosts (one agent
+                per host, started with ssh), or ``"slurm"`` (the current
+                allocation, agents started with one ``srun`` step).
+            workers_per_host: workers on each host: one int, or one per host.
+                With ``hosts="slurm"`` it defaults to ``SLURM_NTASKS_PER_NODE``
+                or ``SLURM_GPUS_ON_NODE``; otherwise to 1.
+            extra_env: variables for every worker (``None`` removes one).
+            copy_env: globs of the launcher's variables that remote workers
+                get on top of the default set (see :data:`corral.DEFAULT_ENV_PATTERNS`).
+            ssh: how to reach remote hosts (an :class:`SSH`); user, port,
+                identity file, extra options, the remote Python and directory.
+            launcher_address: the address agents dial back to; defaults to this
+                machine's address on the route to the first host.
+            start_timeout: seconds agents get to start and connect back.
+            grace: seconds between the stop signal and SIGKILL when workers
+                are stopped; defaults to the runner's.
+            log_level: records below this level stay on their host (in
+                ``host_log_dir`` there), for launches too large to bring every
+                line home.
+            host_log_dir: a folder on each remote host for its agent's log
+                files (every record, whatever ``log_level``).
+
+        Raises:
+            TypeError, ValueError: bad arguments (an empty host list, a wrong
+                number of ``workers_per_host``, a function that cannot be
+                pickled, an unreadable identity file); nothing was started.
+            LaunchError: an agent did not come up (ssh's own message included).
+            WorkerFailed: a worker died, or raised an exception that cannot be
+                rebuilt here; every other worker was stopped first.
+            Exception: the exception a worker raised, rebuilt here, with the
+                remote traceback as its ``__cause__``.
+        """
+        self.token.check("Runner.launch")
+        self._check_open()
+        return await _launch.launch(
+            self,
+            func,
+            args,
+            hosts=hosts,
+            workers_per_host=workers_per_host,
+            extra_env=extra_env,
+            copy_env=copy_env,
+            ssh=ssh,
+            launcher_address=launcher_address,
+            start_timeout=start_timeout,
+            grace=grace,
+            log_level=log_level,
+            host_log_dir=host_log_dir,
+        )
 
     # -- helpers ----------------------------------------------------------------------
 

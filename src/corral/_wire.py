@@ -119,7 +119,7 @@ anywhere on this path, so the bytes on the socket cannot make the launcher run c
 from __future__ import annotations
 
 import struct
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import msgspec
 
@@ -290,10 +290,15 @@ class FrameDecoder:
     `eof` raises `WireError` again.
     """
 
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+    def __init__(
+        self,
+        max_frame: int = MAX_FRAME,
+        decoder: msgspec.msgpack.Decoder[Any] | None = None,
+    ) -> None:
         if not 1 <= max_frame <= 0xFFFFFFFF:
             raise ValueError(f"max_frame must be between 1 and 2**32 - 1, not {max_frame}")
         self.max_frame: Final = max_frame
+        self._decoder = decoder if decoder is not None else _decoder
         self._buf = bytearray()
         self._failed: str | None = None
 
@@ -360,7 +365,7 @@ class FrameDecoder:
 
     def _decode(self, payload: memoryview) -> Message:
         try:
-            msg = _decoder.decode(payload)
+            msg = self._decoder.decode(payload)
         except (msgspec.DecodeError, RecursionError) as exc:
             # ValidationError is a subclass of DecodeError.  RecursionError comes from
             # absurdly nested arrays, even inside fields that would be ignored.
