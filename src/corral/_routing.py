@@ -116,6 +116,7 @@ class StreamState:
     #: Called on the loop once ``error`` is set (the connection's reader hangs up).
     on_error: Callable[[], None] | None = None
     bar: bytes | None = None  # a progress bar's newest state
+    bar_logged: bytes | None = None  # its state last logged to files and handlers
     bar_emitted: float = 0.0
 
 
@@ -311,11 +312,21 @@ class Router:
         if complete is not None:
             if b"\r" in complete:
                 complete = _visible_lines(complete)
-            self._emit_lines(state, complete, chunk.created, deliveries, touched)
             if state.bar is not None:
+                # The bar's line has ended: take the bar down first, and do not
+                # log its last state twice if it was logged already.
+                logged = state.bar_logged
                 self._end_bar(state)
-        if state.pending and b"\r" in state.pending:
-            state.pending = _newest_frame(state.pending)
+                first, newline, rest = complete.partition(b"\n")
+                if first == logged:
+                    complete = rest if newline else None
+            if complete is not None:
+                self._emit_lines(state, complete, chunk.created, deliveries, touched)
+        pending = state.pending
+        # A bar is a line redrawn after a carriage return; a lone trailing "\r"
+        # may be the first half of a "\r\n" split between two reads.
+        if pending and b"\r" in (pending[:-1] if pending.endswith(b"\r") else pending):
+            state.pending = _newest_frame(pending)
             self._progress(state, chunk.created, deliveries, touched)
 
     def _emit_lines(
@@ -395,6 +406,7 @@ class Router:
         if created - state.bar_emitted >= PROGRESS_INTERVAL:
             state.bar_emitted = created
             if frame:
+                state.bar_logged = frame
                 self._emit_lines(state, frame, created, deliveries, touched, live=False)
 
     def _end_bar(self, state: StreamState) -> None:
@@ -405,6 +417,7 @@ class Router:
             except Exception:
                 self._report(sink)
         state.bar = None
+        state.bar_logged = None
         state.bar_emitted = 0.0
 
     # -- logging records -----------------------------------------------------------------
