@@ -87,6 +87,11 @@ class HostWorkers:
         """Start every worker of ``job`` on this host; return when all have exited."""
         async with anyio.create_task_group() as tg:
             for local_rank in range(job.workers):
+                if job.argv:
+                    proc = await self._start_command(job, local_rank)
+                    self._procs.append(proc)
+                    tg.start_soon(self._report_exit, proc, local_rank, reporter)
+                    continue
                 proc, results = await self._start(job, local_rank)
                 self._procs.append(proc)
                 tg.start_soon(self._supervise, proc, results, local_rank, job.payload, reporter)
@@ -98,22 +103,45 @@ class HostWorkers:
                 if proc.returncode is None:
                     tg.start_soon(proc.stop, grace)
 
+    @staticmethod
+    def _environment(job: _link.Job, local_rank: int) -> dict[str, str]:
+        """The worker's environment: the job's, and torchrun's variables for its rank."""
+        env = dict(job.env)
+        env.update(
+            RANK=str(job.first_rank + local_rank),
+            LOCAL_RANK=str(local_rank),
+            WORLD_SIZE=str(job.world_size),
+            LOCAL_WORLD_SIZE=str(job.workers),
+            GROUP_RANK=str(job.group_rank),
+            GROUP_WORLD_SIZE=str(job.groups),
+            ROLE_RANK=str(job.first_rank + local_rank),
+            MASTER_ADDR=job.master_addr,
+            MASTER_PORT=str(job.master_port),
+        )
+        return env
+
+    async def _start_command(self, job: _link.Job, local_rank: int) -> Process:
+        proc: Process = await self._runner.start(
+            job.argv,
+            name=f"{self._prefix}worker-{local_rank}",
+            extra_env=self._environment(job, local_rank),
+            cwd=self._cwd,
+            check=False,
+            grace=job.grace,
+        )
+        return proc
+
+    async def _report_exit(self, proc: Process, local_rank: int, reporter: Reporter) -> None:
+        code = await proc.wait()
+        await reporter.exited(
+            self._host, _link.WorkerExit(local_rank, proc.pid, code, proc.stderr_tail)
+        )
+
     async def _start(self, job: _link.Job, local_rank: int) -> tuple[Process, PipeReceiveStream]:
         read_end, write_end = os.pipe()
         try:
-            env = dict(job.env)
-            env.update(
-                RANK=str(job.first_rank + local_rank),
-                LOCAL_RANK=str(local_rank),
-                WORLD_SIZE=str(job.world_size),
-                LOCAL_WORLD_SIZE=str(job.workers),
-                GROUP_RANK=str(job.group_rank),
-                GROUP_WORLD_SIZE=str(job.groups),
-                ROLE_RANK=str(job.first_rank + local_rank),
-                MASTER_ADDR=job.master_addr,
-                MASTER_PORT=str(job.master_port),
-                CORRAL_RESULT_FD=str(write_end),
-            )
+            env = self._environment(job, local_rank)
+            env["CORRAL_RESULT_FD"] = str(write_end)
             proc = await self._runner.start(
                 [self._python, "-m", "corral._worker"],
                 name=f"{self._prefix}worker-{local_rank}",
@@ -142,10 +170,7 @@ class HostWorkers:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._feed, proc, payload)
             tg.start_soon(self._read_outcome, proc, results, reporter)
-        code = await proc.wait()
-        await reporter.exited(
-            self._host, _link.WorkerExit(local_rank, proc.pid, code, proc.stderr_tail)
-        )
+        await self._report_exit(proc, local_rank, reporter)
 
     async def _feed(self, proc: Process, payload: bytes) -> None:
         stdin = proc.stdin

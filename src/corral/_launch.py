@@ -236,6 +236,7 @@ class _Plan:
     start_timeout: float
     log_level: int
     host_log_dir: str | None
+    argv: list[str] = field(default_factory=list)  # a command, not a function
     firsts: list[int] = field(default_factory=list)
 
     @property
@@ -391,6 +392,13 @@ class _Coordinator:
         rank = self.rank(host, message.local_rank)
         if rank in self._answered:
             return
+        if self.plan.argv and message.returncode == 0:
+            # A command's exit code is its answer.
+            self._answered.add(rank)
+            self.values[rank] = 0
+            if len(self.values) == self.plan.world_size:
+                self.settled.set()
+            return
         self._fail(
             _Failure(
                 rank,
@@ -428,7 +436,7 @@ class _Coordinator:
             assert code is not None
             how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
             tail = failure.stderr.decode("utf-8", "replace").rstrip()
-            message = f"worker {where} {how} without an exception"
+            message = f"worker {where} {how}" + ("" if self.plan.argv else " without an exception")
             if tail:
                 message += "; last stderr lines:\n" + "\n".join(
                     "  " + line for line in tail.splitlines()[-10:]
@@ -475,9 +483,10 @@ class _Coordinator:
 
 async def launch(
     runner: Runner,
-    func: Callable[..., T],
+    func: Callable[..., T] | None,
     args: tuple[Any, ...],
     *,
+    argv: Sequence[str] | None = None,
     hosts: Sequence[str] | str | None = None,
     workers_per_host: int | Sequence[int] | None = None,
     extra_env: Mapping[str, str | None] | None = None,
@@ -501,7 +510,14 @@ async def launch(
         log_level=log_level,
         host_log_dir=host_log_dir,
     )
-    payload = _pickle_job(func, args)
+    if argv is not None:
+        from ._spawn import check_argv
+
+        plan.argv = check_argv(argv)
+        payload = b""
+    else:
+        assert func is not None
+        payload = _pickle_job(func, args)
     coordinator = _Coordinator(plan)
     if plan.remote:
         await _launch_remote(runner, plan, payload, coordinator, launcher_address)
@@ -525,6 +541,7 @@ def _job(plan: _Plan, host: int, payload: bytes, master_addr: str, master_port: 
         env=plan.env,
         grace=plan.grace,
         log_level=plan.log_level,
+        argv=plan.argv,
     )
 
 

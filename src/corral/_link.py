@@ -37,8 +37,9 @@ Agent to launcher:
 Launcher to agent:
 
 ``Job``
-    what to run, pickled, and how: ranks, world, master address and port,
-    environment, grace period.
+    what to run — a pickled function and its arguments, or a command line —
+    and how: ranks, world, master address and port, environment, grace
+    period.
 ``Stop``
     stop every worker now (stop signal, grace, SIGKILL) and report
     ``AgentDone``.
@@ -137,6 +138,7 @@ class Job(msgspec.Struct, tag="job", array_like=True, frozen=True):
     env: dict[str, str]
     grace: float
     log_level: int = 0
+    argv: list[str] = msgspec.field(default_factory=list)  # a command instead of a function
 
 
 class Stop(msgspec.Struct, tag="stop", array_like=True, frozen=True):

@@ -324,6 +324,11 @@ class Process:
         return self._run.duration
 
     @property
+    def started_at(self) -> float:
+        """When the current run was spawned, in :func:`time.monotonic` seconds."""
+        return self._run.spawned.started_at
+
+    @property
     def restarts(self) -> int:
         """How many times the child was restarted (see ``restart=`` of :meth:`Runner.start`)."""
         return self._restarts

@@ -822,16 +822,30 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
     set, so files and pipes get plain text.  On a terminal, a child's
     progress bar (a line redrawn with carriage returns) is drawn in place
     under its prefix, below the scrolling lines.
+
+    ``prefix`` chooses the prefix: ``"source"`` (the default: time and full
+    source), ``"relative"`` (time and the source within the runner, as the
+    ``corral`` command shows it) or ``"none"`` (the bare lines).
     """
 
-    def __init__(self, stream: TextIO | None = None, *, colour: bool | None = None) -> None:
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        colour: bool | None = None,
+        prefix: str = "source",
+    ) -> None:
         logging.StreamHandler.__init__(self, stream if stream is not None else sys.stderr)
+        if prefix not in ("source", "relative", "none"):
+            raise ValueError(f"prefix must be 'source', 'relative' or 'none', not {prefix!r}")
+        self.prefix = prefix
         isatty = getattr(self.stream, "isatty", None)
         self.terminal = bool(isatty and isatty())
         if colour is None:
             colour = self.terminal and "NO_COLOR" not in os.environ
         self.colour = colour
         self.live_progress = self.terminal
+        self._footer: list[bytes] = []
         self._stamps = _Stamps("%H:%M:%S")
         self._styles: _Styles | None = _Styles() if colour else None
         self._prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
@@ -845,13 +859,22 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
 
     # -- text --------------------------------------------------------------------------
 
+    def _shown(self, source: str) -> str:
+        if self.prefix == "relative":
+            _, dot, rest = source.partition(".")
+            return rest if dot else source
+        return source
+
     def _source_prefix(self, source: str, created: float) -> tuple[bytes, bytes]:
         second = int(created)
         key = (source, second)
         cached = self._prefixes.get(key)
         if cached is None:
             stamp = self._stamps(created)
-            if self._styles is None:
+            source = self._shown(source)
+            if self.prefix == "none":
+                text = bare = ""
+            elif self._styles is None:
                 text = f"{stamp} {source} | "
                 bare = text
             else:
@@ -864,9 +887,11 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
         return cached
 
     def format(self, record: logging.LogRecord) -> str:
-        source = source_of(record)
+        source = self._shown(source_of(record))
         stamp = self._stamps(record.created)
         message = _format_message(record)
+        if self.prefix == "none":
+            return message
         if self._styles is None:
             return f"{stamp} {source} | {message}"
         if record.levelno >= logging.WARNING and getattr(record, "corral_stream", None) != "stderr":
@@ -916,6 +941,18 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
         except (OSError, ValueError, AttributeError):
             return 80
 
+    def set_footer(self, lines: list[bytes]) -> None:
+        """Pin ``lines`` (a status view) under the scrolling lines and the bars; redraw now.
+
+        Blocking terminal I/O: call it where the log handlers run, not on the
+        event loop.  On a stream that is not a terminal it does nothing.
+        """
+        if not self.terminal:
+            return
+        with self._write_lock:
+            self._footer = list(lines)
+            self._redraw(b"")
+
     def _write(self, data: bytes) -> None:
         with self._write_lock:
             if self._bars or self._drawn:
@@ -924,12 +961,12 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
                 self._raw(data)
 
     def _redraw(self, data: bytes) -> None:
-        """Clear the bars, write ``data`` above them, draw them again (lock held)."""
+        """Clear the pinned lines, write ``data`` above them, draw them again (lock held)."""
         controls = _controls()
         out = [controls.clear_lines(self._drawn), data]
-        bars = list(self._bars.values())
-        out.append(b"\n".join(bars))
-        self._drawn = len(bars)
+        pinned = [*self._bars.values(), *self._footer]
+        out.append(b"\n".join(pinned))
+        self._drawn = len(pinned)
         self._raw(b"".join(out))
 
     def _raw(self, data: bytes) -> None:
@@ -952,6 +989,7 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
                 self._raw(_controls().clear_lines(self._drawn))
                 self._drawn = 0
             self._bars.clear()
+            self._footer = []
         super().close()
 
 

@@ -95,6 +95,8 @@ class Runner:
         handle_signals: bool | None = None,
     ) -> None:
         _check_name(name, "runner")
+        if "." in name:
+            raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
         self._name = name
         self._grace = check_grace(grace)
         self._stop_signal = check_signal(stop_signal)
@@ -644,6 +646,50 @@ class Runner:
             self,
             func,
             args,
+            hosts=hosts,
+            workers_per_host=workers_per_host,
+            extra_env=extra_env,
+            copy_env=copy_env,
+            ssh=ssh,
+            launcher_address=launcher_address,
+            start_timeout=start_timeout,
+            grace=grace,
+            log_level=log_level,
+            host_log_dir=host_log_dir,
+        )
+
+    async def launch_command(
+        self,
+        argv: Sequence[StrOrPath],
+        *,
+        hosts: Sequence[str] | str | None = None,
+        workers_per_host: int | Sequence[int] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
+        copy_env: Sequence[str] = (),
+        ssh: SSH | None = None,
+        launcher_address: str | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        grace: float | None = None,
+        log_level: int = logging.NOTSET,
+        host_log_dir: str | None = None,
+    ) -> LaunchResult[int]:
+        """Run the command ``argv`` once per worker, as :meth:`launch` runs a function.
+
+        What ``torchrun`` does for a script: each worker is ``argv`` itself,
+        started with the same torchrun-compatible environment, and its output
+        is logged under ``<runner>.agent-<i>.worker-<j>``.  Returns the exit
+        codes (all 0) in rank order.  The first worker that exits with
+        another code, or is killed, makes every other one stop and raises
+        :class:`WorkerFailed` with its rank, host, exit code and stderr tail.
+        The options are :meth:`launch`'s.
+        """
+        self.token.check("Runner.launch_command")
+        self._check_open()
+        return await _launch.launch(
+            self,
+            None,
+            (),
+            argv=[os.fspath(a) for a in argv] if not isinstance(argv, (str, bytes)) else argv,
             hosts=hosts,
             workers_per_host=workers_per_host,
             extra_env=extra_env,
