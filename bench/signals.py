@@ -65,7 +65,7 @@ backend, n, mode, grace = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.
 script = {OBEY!r} if mode == "obey" else {IGNORE!r}
 
 async def main():
-    async with corral.open_runner(grace=grace, console=False) as r:
+    async with corral.open_runner(grace=grace, console=False, handle_signals=True) as r:
         async with anyio.create_task_group() as tg:
             for i in range(n):
                 tg.start_soon(lambda i=i: r.start(["sh", "-c", script], name=f"w{{i}}",

@@ -71,7 +71,7 @@ async def main() -> None:
         # It raises ProcessFailed itself on failure...
         build = await r.run([PYTHON, "-c", BUILD], name="build", stdout=corral.LOG | corral.PIPE)
         print(f"build: exited with code {build.returncode}, said {build.stdout!r}")
-        # ...unless check=False, which just returns the finished process.
+        # ...unless check=False, which just returns the result (a CompletedProcess).
         lint = await r.run([PYTHON, "-c", LINT], name="lint", check=False)
         print(f"lint: exited with code {lint.returncode} (check=False, so not an error)")
 

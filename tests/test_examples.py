@@ -198,6 +198,7 @@ DOC_PAGES = [
     "howto/embedding.rst",
     "howto/limits.rst",
     "howto/logging.rst",
+    "howto/subprocess.rst",
 ]
 
 _CODE_BLOCK = re.compile(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", re.MULTILINE)

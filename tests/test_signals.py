@@ -388,17 +388,21 @@ async def test_backend_handlers_are_restored_exactly() -> None:
 async def test_by_default_a_runner_takes_only_signals_nobody_holds(
     custom_handlers: dict[int, object],
 ) -> None:
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # free: nobody installed a handler
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own: free too
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # free, but not taken by default
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own: free
     async with corral.open_runner(console=False):
         during = _current()
         assert during[signal.SIGTERM] is _custom_handler  # the application's: left alone
-        assert during[signal.SIGHUP] not in (signal.SIG_DFL, _custom_handler)
+        assert during[signal.SIGHUP] == signal.SIG_DFL  # a closed terminal is not ours
         assert during[signal.SIGINT] is not signal.default_int_handler
     after = _current()
     assert after[signal.SIGTERM] is _custom_handler
     assert after[signal.SIGHUP] == signal.SIG_DFL
     assert after[signal.SIGINT] is signal.default_int_handler
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # free now: taken
+    async with corral.open_runner(console=False):
+        assert _current()[signal.SIGTERM] not in (signal.SIG_DFL, _custom_handler)
+    assert _current()[signal.SIGTERM] == signal.SIG_DFL
 
 
 @pytest.mark.timeout(30)
@@ -505,7 +509,9 @@ def test_runner_off_the_main_thread_installs_nothing(backend: str, tag: str) -> 
 async def test_signal_to_this_process_raises_signalled(tag: str, sig: int) -> None:
     before = _current()
     with pytest.raises(corral.Signalled) as info:
-        async with corral.open_runner(console=False) as r:
+        # SIGTERM is taken by default when free; SIGHUP only when asked.
+        handle = True if sig == signal.SIGHUP else None
+        async with corral.open_runner(console=False, handle_signals=handle) as r:
             p = await r.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             os.kill(os.getpid(), sig)
             await anyio.sleep_forever()

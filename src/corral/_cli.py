@@ -102,6 +102,7 @@ class _Output:
     prefix: bool
     colour: bool | None
     status: bool
+    monitor: str | None = None
 
 
 def _output_options(func: Any) -> Any:
@@ -114,15 +115,18 @@ def _output_options(func: Any) -> Any:
             ),
             click.option("--no-prefix", is_flag=True, help="Show the lines as they are."),
             click.option("--no-color", is_flag=True, help="No colours, even on a terminal."),
-            click.option(
-                "--no-status", is_flag=True, help="No live status table under the lines."
-            ),
+            click.option("--no-status", is_flag=True, help="No live status table under the lines."),
             click.option(
                 "--grace",
                 type=click.FloatRange(min=0),
                 default=5.0,
                 show_default=True,
                 help="Seconds between the stop signal and SIGKILL.",
+            ),
+            click.option(
+                "--monitor",
+                metavar="HOST:PORT",
+                help="Serve a live monitor (a page and a WebSocket) here, e.g. 127.0.0.1:0.",
             ),
         ]
     ):
@@ -187,6 +191,7 @@ def run(
     no_color: bool,
     no_status: bool,
     grace: float,
+    monitor: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND NPROC times per host, as torchrun would, and show every line.
@@ -204,7 +209,9 @@ def run(
     from ._hosts import SSH
 
     ssh = SSH(user=ssh_user, identity_file=ssh_identity, options=tuple(ssh_option))
-    output = _Output(log_dir, not no_prefix, False if no_color else None, not no_status)
+    output = _Output(
+        log_dir, not no_prefix, False if no_color else None, not no_status, _monitor(monitor)
+    )
     job = _RunJob(list(command), nproc, host_list, ssh, restart, max_restarts, grace)
     _main_loop(name, output, job)
 
@@ -320,6 +327,7 @@ def up(
     no_color: bool,
     no_status: bool,
     grace: float,
+    monitor: str | None,
     args: tuple[str, ...],
 ) -> None:
     """Run the processes of a Procfile; when any of them exits, stop the rest.
@@ -354,8 +362,22 @@ def up(
             raise ProcfileError(f"the env file {env_file} does not exist")
         env.update({k: v for k, v in dotenv_values(env_file).items() if v is not None})
     base = port or int(env.get("PORT") or os.environ.get("PORT") or 5000)
-    output = _Output(log_dir, not no_prefix, False if no_color else None, not no_status)
+    output = _Output(
+        log_dir, not no_prefix, False if no_color else None, not no_status, _monitor(monitor)
+    )
     _main_loop(name, output, _UpJob(selected, counts, env, base, grace))
+
+
+def _monitor(address: str | None) -> str | None:
+    if address is None:
+        return None
+    from ._monitor import parse_address
+
+    try:
+        parse_address(address)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--monitor") from None
+    return address
 
 
 def _concurrency(values: Sequence[str], processes: dict[str, str]) -> dict[str, int]:
@@ -416,6 +438,129 @@ class _UpJob:
         code = ended[0].returncode
         r.cancel()
         return _exit_code(code)
+
+
+# -- corral tail -------------------------------------------------------------------------------
+
+_EXAMPLES_TAIL = """
+\b
+Examples:
+  corral tail 'http://127.0.0.1:8765/?token=...'
+  corral tail 'http://127.0.0.1:8765/?token=...' --source 'run.agent-0.*' --level WARNING
+"""
+
+
+@cli.command(epilog=_EXAMPLES_TAIL, context_settings=_CONTEXT)
+@click.argument("url")
+@click.option("--source", default="*", show_default=True, help="Only sources matching this glob.")
+@click.option(
+    "--level",
+    default="INFO",
+    show_default=True,
+    help="Only records at this level or above (a name or a number).",
+)
+@click.option("--no-prefix", is_flag=True, help="Show the lines as they are.")
+@click.option("--no-color", is_flag=True, help="No colours, even on a terminal.")
+def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> None:
+    """Follow the log of a running corral through its monitor URL.
+
+    Prints every line with the same prefixes and colours as corral run,
+    reconnects if the connection drops while the runner lives, and exits 0
+    when the runner ends.
+    """
+    from ._monitor import _level_number
+
+    number = int(level) if level.lstrip("-").isdigit() else _level_number(level)
+    if number == 0 and level.upper() not in ("NOTSET", "0"):
+        raise click.BadParameter(f"{level!r} is not a level", param_hint="--level")
+    split = _urlsplit(url)
+    sys.exit(
+        anyio.run(
+            _tail,
+            split,
+            source,
+            number,
+            not no_prefix,
+            False if no_color else None,
+            backend="asyncio",
+        )
+    )
+
+
+def _urlsplit(url: str) -> str:
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "ws", "https", "wss") or not parts.netloc:
+        raise click.BadParameter(f"{url!r} is not a monitor URL", param_hint="URL")
+    if "token=" not in parts.query:
+        raise click.BadParameter("the URL has no token (?token=...)", param_hint="URL")
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", parts.query, ""))
+
+
+async def _tail(url: str, source: str, level: int, prefix: bool, colour: bool | None) -> int:
+    import msgspec
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    import corral
+
+    from ._records import make_record
+
+    console = corral.ConsoleHandler(colour=colour, prefix="relative" if prefix else "none")
+    give_up_after = 30.0
+    failing_since: float | None = None
+    delay = 0.2
+    try:
+        while True:
+            try:
+                async with connect(url, open_timeout=10, max_size=None) as ws:
+                    failing_since = None
+                    delay = 0.2
+                    await ws.send(
+                        msgspec.json.encode({"type": "filter", "source": source, "level": level})
+                    )
+                    async for text in ws:
+                        message = msgspec.json.decode(text)
+                        kind = message.get("type")
+                        if kind == "logs":
+                            records = [
+                                make_record(src, lvl, line, created=created)
+                                for src, _stream, lvl, created, _name, line in message["records"]
+                                if lvl >= level
+                            ]
+                            await anyio.to_thread.run_sync(_print_all, console, records)
+                        elif kind == "dropped":
+                            click.echo(
+                                f"corral tail: {message['count']} records dropped "
+                                "(this terminal fell behind)",
+                                err=True,
+                            )
+                        elif kind == "end":
+                            return 0
+            except InvalidStatus as exc:
+                code = exc.response.status_code
+                click.echo(
+                    f"corral tail: the monitor refused the connection ({code}): wrong token?",
+                    err=True,
+                )
+                return 1
+            except (OSError, ConnectionClosed, TimeoutError) as exc:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > give_up_after:
+                    click.echo(f"corral tail: lost the runner: {exc}", err=True)
+                    return 1
+                await anyio.sleep(delay)  # reconnecting: back off between attempts
+                delay = min(delay * 2, 2.0)
+    finally:
+        console.close()
+
+
+def _print_all(console: Any, records: list[logging.LogRecord]) -> None:
+    for record in records:
+        console.handle(record)
 
 
 # -- the loop both commands share -------------------------------------------------------------
@@ -528,7 +673,10 @@ async def _serve(name: str, output: _Output, job: Any) -> int:
         handlers=[console],
         log_dir=output.log_dir,
         handle_signals=True,
+        monitor=output.monitor,
     ) as r:
+        if r.monitor_url is not None:
+            click.echo(f"corral: monitor at {r.monitor_url}", err=True)
         try:
             async with anyio.create_task_group() as tg:
                 if output.status and console.terminal:

@@ -103,6 +103,8 @@ class ProcessServices:
     lifeline_remove: Callable[[int], None]
     signals: Subscription | None
     on_exit: Callable[[Process], None]
+    #: Told of every change of state: "running", "exited", "restarting".
+    on_event: Callable[[Process, str], None]
     #: The pipes the runner handed to users as streams; those still open are
     #: closed when the runner exits.
     open_streams: set[PipeSendStream | PipeReceiveStream | BufferedReceiveStream]
@@ -618,6 +620,7 @@ class Process:
             f"{self._restarts_in_a_row} of {self._policy.max_restarts} in a row); it "
             f"{_platform.describe_status(run.returncode)}",
         )
+        self._services.on_event(self, "restarting")
         with anyio.move_on_after(delay):
             await self._stop_event.wait()
         if self._stop_requested:
@@ -636,6 +639,7 @@ class Process:
             logging.INFO,
             f"restarted {self._name} (pid {spawned.pid}): {describe_argv(self._spec.argv)}",
         )
+        self._services.on_event(self, "running")
         return True
 
     async def _watch(self, run: _Run) -> None:
@@ -703,6 +707,7 @@ class Process:
                 run.leader_exited.set()
             run.returncode = status
             hub.log(*self._exit_record(run))
+            self._services.on_event(self, "exited")
             mark = hub.collector.mark()
         # Every line the child wrote is queued; wait until the handlers have it
         # too, so that wait() returning means "all written" (bounded: the

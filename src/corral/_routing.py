@@ -220,11 +220,7 @@ class Router:
                     sinks.append(handler)
                 else:
                     handlers.append(handler)
-            logger = None
-            if self._propagate:
-                candidate = logging.getLogger(source.name)
-                if candidate.isEnabledFor(level):
-                    logger = candidate
+            logger = logging.getLogger(source.name) if self._propagate else None
             targets = _Targets(sinks, handlers, logger)
             if len(self._cache) < 65536:
                 self._cache[key] = targets
@@ -380,7 +376,8 @@ class Router:
                 except Exception:
                     handler.handleError(record)
         logger = targets.propagate
-        if logger is not None:
+        # Asked each time: the application may change its loggers' levels.
+        if logger is not None and records and logger.isEnabledFor(records[0].levelno):
             for record in records:
                 logger.handle(record)
 

@@ -51,6 +51,7 @@ from ._hosts import SSH
 from ._launch import DEFAULT_START_TIMEOUT, LaunchResult
 from ._lifeline import Lifeline
 from ._loghub import LogHub
+from ._monitor import Monitor, MonitorSink
 from ._process import CompletedProcess, Process, ProcessServices, Restart, RestartPolicy
 from ._routing import Route
 from ._spawn import Spawner, SpawnSpec, check_grace, check_signal, describe_argv
@@ -93,6 +94,7 @@ class Runner:
         log_dir: StrOrPath | None = None,
         propagate: bool = False,
         handle_signals: bool | None = None,
+        monitor: str | None = None,
     ) -> None:
         _check_name(name, "runner")
         if "." in name:
@@ -112,6 +114,10 @@ class Runner:
                 routes.append(Route(handler))
             else:
                 raise TypeError(f"handlers: {handler!r} is neither a logging.Handler nor a Route")
+        self._monitor: Monitor | None = None
+        if monitor is not None:
+            self._monitor = Monitor(monitor, name)
+            routes.append(Route(MonitorSink(self._monitor)))
         self._hub = LogHub(
             name,
             routes=routes,
@@ -131,6 +137,7 @@ class Runner:
         self._name_counters: dict[str, int] = {}
         self._signals: _signals.Subscription | None = None
         self._signal_pending = False
+        self._observers: list[Callable[[Process, str], None]] = []
         self._services: ProcessServices | None = None
 
     # -- properties -------------------------------------------------------------------
@@ -156,6 +163,17 @@ class Runner:
     def log_path(self) -> str | None:
         """The folder of this run's log files (with ``log_dir=``), created on entry."""
         return self._hub.log_path
+
+    @property
+    def monitor_url(self) -> str | None:
+        """``http://HOST:PORT/?token=...``, the monitor's page (with ``monitor=``), once entered.
+
+        The same address with ``ws://`` is its WebSocket endpoint; see
+        :doc:`howto/monitor`.
+        """
+        if self._monitor is None or not self._monitor.bound.is_set():
+            return None
+        return self._monitor.url
 
     @property
     def processes(self) -> tuple[Process, ...]:
@@ -209,11 +227,32 @@ class Runner:
             lifeline_remove=self._lifeline.remove,
             signals=self._signals,
             on_exit=self._process_exited,
+            on_event=self._process_event,
             open_streams=set(),
         )
+        if self._monitor is not None:
+            self._observers.append(self._monitor.process_event)
+            self._monitor.set_log_path(hub.log_path)
+            tg.start_soon(self._serve_monitor, self._monitor, name=f"corral monitor {self._name}")
+            with anyio.CancelScope(shield=True):
+                await self._monitor.bound.wait()
+            hub.log(logging.INFO, f"monitor at {self._monitor.url}")
         if self._signal_pending:
             tg.cancel_scope.cancel()  # a signal arrived while we were entering
         return self
+
+    async def _serve_monitor(self, monitor: Monitor) -> None:
+        """The monitor's life: from entry until every child is gone (then "end")."""
+        assert self._token is not None
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+
+                async def end_with_the_children() -> None:
+                    await self._children_done.wait()
+                    monitor.end()
+
+                tg.start_soon(end_with_the_children)
+                await monitor.serve(self._token.loop)
 
     async def _undo_entry(self, entered: list[str]) -> None:
         if "signals" in entered and self._signals is not None:
@@ -475,6 +514,7 @@ class Runner:
         if self._signals is not None:
             self._signals.add(proc)
         self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
+        self._process_event(proc, "running")
         self._tg.start_soon(proc._supervise, name=f"corral supervisor {self._name}.{name}")
         # Spawning holds the loop for a few hundred microseconds: let others run.
         await anyio.lowlevel.checkpoint()
@@ -729,6 +769,10 @@ class Runner:
                 self._name_counters[base] = n
         return name
 
+    def _process_event(self, proc: Process, state: str) -> None:
+        for observer in self._observers:
+            observer(proc, state)
+
     def _process_exited(self, proc: Process) -> None:
         if self._live.get(proc.name) is proc:
             del self._live[proc.name]
@@ -798,6 +842,7 @@ def open_runner(
     log_dir: StrOrPath | None = None,
     propagate: bool = False,
     handle_signals: bool | None = None,
+    monitor: str | None = None,
 ) -> Runner:
     """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
 
@@ -823,8 +868,9 @@ def open_runner(
             handlers then apply).
         handle_signals: what to do with SIGINT, SIGTERM and SIGHUP while the
             runner is open (see :doc:`howto/signals`).  ``None``, the default,
-            takes a signal only if nobody holds it (its handler is still
-            Python's default) and the runner is entered on the main thread:
+            takes SIGINT and SIGTERM only if nobody holds them (their handler
+            is still Python's default) and the runner is entered on the main
+            thread:
             then the signal is forwarded to every child at once and the block
             raises :class:`KeyboardInterrupt` (SIGINT) or :class:`Signalled`.
             Signals that the application, its framework, ``asyncio.run`` or
@@ -832,6 +878,10 @@ def open_runner(
             cancellation it delivers stops every child just as well.
             ``True`` takes all three whoever holds them (for a command-line
             launcher); ``False`` never touches a handler.
+        monitor: ``"HOST:PORT"`` (``"127.0.0.1:0"`` for any free port on
+            loopback) starts a live monitor: a page for a browser and a
+            WebSocket feed of the processes and their logs, at
+            :attr:`Runner.monitor_url` (see :doc:`howto/monitor`).
     """
     return Runner(
         name=name,
@@ -842,4 +892,5 @@ def open_runner(
         log_dir=log_dir,
         propagate=propagate,
         handle_signals=handle_signals,
+        monitor=monitor,
     )

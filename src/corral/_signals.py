@@ -11,9 +11,10 @@ inside async code; several never give the application its handler back, or
 take it from an application (a web server, say) that needed it.
 
 **Whose signal is it?**  A signal belongs to whoever installed its handler.
-By default (``handle_signals=None``) a runner takes a signal only when nobody
-holds it: when its handler is still the default (``SIG_DFL``, or Python's
-``default_int_handler`` for SIGINT).  If the application, its framework
+By default (``handle_signals=None``) a runner takes SIGINT and SIGTERM only
+when nobody holds them: when their handler is still the default
+(``SIG_DFL``, or Python's ``default_int_handler`` for SIGINT).  SIGHUP it
+leaves alone by default.  If the application, its framework
 (uvicorn, hypercorn), ``asyncio.run`` or ``trio.run`` installed one, corral
 leaves it alone and relies on what that handler does — cancel the main task,
 raise :class:`KeyboardInterrupt` — since the cancellation that follows stops
@@ -86,8 +87,13 @@ from ._errors import Signalled
 
 __all__ = ["HANDLED_SIGNALS", "Subscription", "Target", "subscribe"]
 
-#: The signals a runner handles while it is open.
+#: The signals a runner can handle while it is open.
 HANDLED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Those it takes by default, when nobody holds them.  Not SIGHUP: a closed
+#: terminal (or a host's reload request) is not the runner's to interpret,
+#: and left alone it ends the process as before, the lifeline then stopping
+#: the children.
+DEFAULT_SIGNALS: frozenset[int] = frozenset({signal.SIGINT, signal.SIGTERM})
 
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 
@@ -236,7 +242,7 @@ class _Dispatcher:
             current = signal.getsignal(signum)
             if current is None or current == signal.SIG_IGN:
                 continue
-            if mode or _is_free(current, signum):
+            if mode or (signum in DEFAULT_SIGNALS and _is_free(current, signum)):
                 taken.add(int(signum))
         return frozenset(taken)
 
