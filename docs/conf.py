@@ -29,6 +29,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx.ext.viewcode",
+    "sphinx_click",
 ]
 
 # No inventories: the build must work without a network, so intersphinx fetches
@@ -47,7 +48,7 @@ nitpick_ignore_regex = [
     (
         r"py:.*",
         r"(asyncio|builtins|collections|collections\.abc|errno|functools|json|logging|os"
-        r"|resource|select|signal|subprocess|sys|threading|typing|anyio|trio)(\..*)?",
+        r"|resource|select|signal|subprocess|sys|threading|time|typing|anyio|trio)(\..*)?",
     ),
     # Type variables in signatures (``T``, ``Ts``) are not documented objects.
     (r"py:class", r"(corral\.[\w.]+\.)?Ts?"),
