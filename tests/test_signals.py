@@ -328,6 +328,46 @@ def test_uncaught_interrupt_ends_the_launcher_like_ctrl_c(
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["nested", "siblings"])
+def test_borrowed_sigterm_stops_the_children_then_ends_the_launcher(
+    launch: Launch, tag: str, backend: str, layout: str
+) -> None:
+    # Nobody holds SIGTERM, so a default runner borrows it: every child is
+    # stopped with it and its last lines are shown, and then the launcher
+    # ends by SIGTERM as it would have without corral, raising nothing that
+    # a server's lifespan handler could swallow.
+    launcher = launch(backend=backend, layout=layout, handle="default", outcome_mode="console")
+    start = launcher.signal(signal.SIGTERM, "pid")
+    out, err = launcher.proc.communicate(timeout=20)
+    elapsed = time.monotonic() - start
+    assert launcher.proc.returncode == -signal.SIGTERM, f"{out}\n{err}"
+    assert "OUTCOME" not in out  # nothing was raised: the process ended by the signal
+    assert err.count("got SIGTERM") == 6, err  # every child's last line was drained first
+    assert elapsed < 5.0
+    received = launcher.received()
+    assert received == {pid: ["SIGTERM"] for pid in launcher.children}
+    assert wait_gone(launcher.children, 5.0) == []
+    assert tagged_pids(tag) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_sigint_under_the_loop_still_raises_keyboard_interrupt(
+    launch: Launch, tag: str, backend: str
+) -> None:
+    launcher = launch(backend=backend, layout="nested", handle="default")
+    launcher.signal(signal.SIGINT, "group")
+    returncode, lines = launcher.finish()
+    assert any(line.startswith("OUTCOME KeyboardInterrupt") for line in lines), (
+        f"{lines}{launcher.errors()}"
+    )
+    assert returncode == 0
+    assert wait_gone(launcher.children, 5.0) == []
+    assert tagged_pids(tag) == []
+
+
 # -- in-process: the handler, its subscribers, and what it restores ------------------------
 
 
@@ -509,9 +549,9 @@ def test_runner_off_the_main_thread_installs_nothing(backend: str, tag: str) -> 
 async def test_signal_to_this_process_raises_signalled(tag: str, sig: int) -> None:
     before = _current()
     with pytest.raises(corral.Signalled) as info:
-        # SIGTERM is taken by default when free; SIGHUP only when asked.
-        handle = True if sig == signal.SIGHUP else None
-        async with corral.open_runner(console=False, handle_signals=handle) as r:
+        # Raised only when the runner was asked to take the signal: a signal
+        # merely borrowed (the default) ends the process instead, as below.
+        async with corral.open_runner(console=False, handle_signals=True) as r:
             p = await r.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             os.kill(os.getpid(), sig)
             await anyio.sleep_forever()
@@ -566,7 +606,7 @@ async def test_interrupt_from_runners_in_a_task_group_is_caught_by_except_star(t
 @pytest.mark.timeout(30)
 async def test_failure_before_the_signal_travels_with_it(tag: str) -> None:
     with pytest.raises(BaseExceptionGroup) as info:
-        async with corral.open_runner(console=False) as r:
+        async with corral.open_runner(console=False, handle_signals=True) as r:
             await r.start(_sleep_child(), extra_env={TAG_VAR: tag}, wait_started=True)
             # A check=True child fails; the signal arrives while the runner
             # is stopping because of it.

@@ -189,7 +189,10 @@ class Signalled(BaseException):
 
     Raised out of the runner's ``async with`` (for SIGINT the runner raises
     :class:`KeyboardInterrupt` instead) after the signal was forwarded to
-    every child and every child has exited.  Like :class:`KeyboardInterrupt`
+    every child and every child has exited, by a runner opened with
+    ``handle_signals=True``.  A runner that only borrowed a signal nobody
+    held (the default) lets it end the process instead, as it would have
+    without corral.  Like :class:`KeyboardInterrupt`
     it derives from :class:`BaseException`, not :class:`Exception`: it is a
     request to stop, and an ``except Exception`` meant for errors must not
     swallow it.  It may come wrapped in a :class:`BaseExceptionGroup` (when

@@ -302,6 +302,10 @@ class Runner:
                     # every child has exited, nobody can wait on them any more.
                     for stream in list(self._services.open_streams):
                         stream.close()
+                if self._signals is not None:
+                    # A signal nobody held before ends the process now, as it
+                    # would have without corral (see corral._signals).
+                    self._signals.finish()
 
     def cancel(self) -> None:
         """Cancel the runner's scope: stop every child and end the ``async with`` block.
@@ -870,14 +874,17 @@ def open_runner(
             runner is open (see :doc:`howto/signals`).  ``None``, the default,
             takes SIGINT and SIGTERM only if nobody holds them (their handler
             is still Python's default) and the runner is entered on the main
-            thread:
-            then the signal is forwarded to every child at once and the block
-            raises :class:`KeyboardInterrupt` (SIGINT) or :class:`Signalled`.
-            Signals that the application, its framework, ``asyncio.run`` or
-            ``trio.run`` installed a handler for are left to it: the
-            cancellation it delivers stops every child just as well.
-            ``True`` takes all three whoever holds them (for a command-line
-            launcher); ``False`` never touches a handler.
+            thread: then the signal is forwarded to every child at once and
+            the block raises :class:`KeyboardInterrupt` (SIGINT, under
+            Python's own handler), or, for a signal whose handler was
+            ``SIG_DFL``, the signal ends the process once every child is
+            stopped, as it would have without corral.  Signals that the
+            application, its framework, ``asyncio.run`` or ``trio.run``
+            installed a handler for are left to it: the cancellation it
+            delivers stops every child just as well.
+            ``True`` takes all three whoever holds them and raises
+            :class:`KeyboardInterrupt` or :class:`Signalled` (for a
+            command-line launcher); ``False`` never touches a handler.
         monitor: ``"HOST:PORT"`` (``"127.0.0.1:0"`` for any free port on
             loopback) starts a live monitor: a page for a browser and a
             WebSocket feed of the processes and their logs, at

@@ -53,6 +53,21 @@ left of the group at that deadline.  When every child is reaped, the
 runner's ``async with`` raises :class:`KeyboardInterrupt` for SIGINT and
 :class:`~corral.Signalled` for SIGTERM and SIGHUP.
 
+**A signal nobody held keeps its meaning.**  A runner that took a signal
+only because nobody held it (``handle_signals=None`` and a handler still at
+``SIG_DFL``, as SIGTERM is in most programs) borrowed it to stop the
+children first; the signal still means what it meant before — end the
+process.  So once the last runner holding it has stopped its children and
+drained their logs, the default handler is put back and the signal is sent
+again to the launcher itself, which then ends exactly as it would have
+without corral (exit status 128 + the signal number).  Raising
+:class:`~corral.Signalled` instead could not be trusted to end anything: a
+server that runs the runner in its lifespan catches the error and goes on
+serving, without the children.  With ``handle_signals=True`` the runner
+raises instead, for the program to clean up; SIGINT under Python's
+``default_int_handler`` raises :class:`KeyboardInterrupt`, which is what
+that handler does.
+
 A second signal while a runner is still stopping means "now": the handler
 sends SIGKILL to every group that is left, at once, and the runner drops
 whatever else its exit was still waiting for (log connections, a slow
@@ -74,7 +89,9 @@ the previous handler.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -115,9 +132,15 @@ class Subscription:
         loop: LoopHandle,
         on_signal: Callable[[], None],
         on_abort: Callable[[], None],
+        *,
+        raises: bool = False,
     ) -> None:
         self.name = name
         self.signals = signals
+        #: ``handle_signals=True``: the signal is the runner's to raise, even
+        #: one whose default action would end the process.
+        self.raises = raises
+        self._default_due: int | None = None
         self._loop = loop
         self._on_signal = on_signal
         self._on_abort = on_abort
@@ -171,7 +194,7 @@ class Subscription:
             return
         # Unsubscribe first: until our handler is gone, a signal still lands
         # here, and is raised below rather than lost.
-        _dispatcher.unsubscribe(self)
+        self._default_due = _dispatcher.unsubscribe(self)
         self._closed = True
         self._targets.clear()
         if self._signal is None:
@@ -193,6 +216,26 @@ class Subscription:
                 raise BaseExceptionGroup(message, [outcome]) from None
             raise outcome from None
         raise BaseExceptionGroup(message, [outcome, error]) from None
+
+    def finish(self) -> None:
+        """At the very end of the runner's exit: carry out a borrowed signal's default.
+
+        If this runner was the last to hold a signal that nobody held before
+        (its handler was ``SIG_DFL``) and that signal arrived, the default is
+        back in place now; sending the signal again ends the process as it
+        would have ended without corral, after the children were stopped and
+        their logs written.
+        """
+        signum, self._default_due = self._default_due, None
+        if signum is None or signal.getsignal(signum) != signal.SIG_DFL:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):  # a closed or broken stream: nothing to keep
+                pass
+        os.kill(os.getpid(), signum)
 
 
 def _outcome(signum: int) -> BaseException:
@@ -227,6 +270,10 @@ class _Dispatcher:
     def __init__(self) -> None:
         self._subscribers: list[Subscription] = []
         self._previous: dict[int, _Handler] = {}
+        # Signals that arrived while only borrowed (SIG_DFL before, and no
+        # runner with handle_signals=True holding them): their default action
+        # is still due once the last holder has left.
+        self._due: set[int] = set()
 
     @property
     def installed(self) -> bool:
@@ -262,11 +309,13 @@ class _Dispatcher:
                 continue
             self._previous[signum] = previous
 
-    def unsubscribe(self, subscription: Subscription) -> None:
+    def unsubscribe(self, subscription: Subscription) -> int | None:
+        """Remove a runner; return a borrowed signal whose default action is now due."""
         if subscription not in self._subscribers:
-            return
+            return None
         self._subscribers.remove(subscription)
         still_wanted = {s for sub in self._subscribers for s in sub.signals}
+        due = None
         for signum in list(self._previous):
             if signum in still_wanted:
                 continue
@@ -275,9 +324,16 @@ class _Dispatcher:
             # than what we would put back: leave it.
             if signal.getsignal(signum) is _handle and previous is not None:
                 signal.signal(signum, previous)
+                if signum in self._due and previous == signal.SIG_DFL and due is None:
+                    due = signum
+            self._due.discard(signum)
+        return due
 
     def dispatch(self, signum: int) -> None:
         subscribers = list(self._subscribers)
+        holders = [sub for sub in subscribers if signum in sub.signals]
+        if self._previous.get(signum) == signal.SIG_DFL and not any(sub.raises for sub in holders):
+            self._due.add(signum)
         # First the sweep over every runner, so that all children get the
         # signal within microseconds of each other; then the loops.
         again = [subscription._sweep(signum) for subscription in subscribers]
@@ -321,6 +377,6 @@ def subscribe(
     signals = _dispatcher.signals_for(mode)
     if not signals:
         return None
-    subscription = Subscription(name, signals, loop, on_signal, on_abort)
+    subscription = Subscription(name, signals, loop, on_signal, on_abort, raises=bool(mode))
     _dispatcher.subscribe(subscription)
     return subscription
