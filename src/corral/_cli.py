@@ -1,9 +1,11 @@
 """The ``corral`` command: run N workers or a Procfile, with the library's guarantees.
 
 ``corral run`` is torchrun's job (N copies of a command per host, with
-``RANK``, ``WORLD_SIZE``... and prefixed output), ``corral up`` is honcho's
-and foreman's (the processes of a Procfile, any exit stops all), and both
-have supervisord's restart policies and a live status view.  Underneath is
+``RANK``, ``WORLD_SIZE``... and prefixed output, and torchrun's restart of
+the whole group on a failure), ``corral up`` is honcho's and foreman's (the
+processes of a Procfile, any exit stops all), and both show a live status
+table on a terminal.  The lines go to stdout, as the processes' own output
+would; corral's own errors go to stderr.  Underneath is
 one runner with ``handle_signals=True``: Ctrl-C reaches every process group
 at once, and nothing outlives the command.
 
@@ -24,13 +26,15 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import anyio.to_thread
 import click
 
 __all__ = ["cli", "main"]
+
+_E = TypeVar("_E", bound=BaseException)
 
 _EXAMPLES_RUN = """
 \b
@@ -47,6 +51,14 @@ Examples:
   corral up                       (./Procfile, ./.env)
   corral up Procfile.dev web db   (only those two)
   corral up -c worker=3 -e .env.local
+"""
+
+_EXAMPLES = """
+\b
+Examples:
+  corral run -n 4 -- python train.py     (4 workers, torchrun's environment)
+  corral up                              (the processes of ./Procfile)
+  corral tail 'http://127.0.0.1:8765/?token=...'
 """
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -81,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     sys.exit(0)
 
 
-@click.group(context_settings=_CONTEXT)
+@click.group(context_settings=_CONTEXT, epilog=_EXAMPLES)
 @click.version_option(None, "-V", "--version", package_name="corral", message="corral %(version)s")
 def cli() -> None:
     """Run processes the structured way: N workers of a command, or a Procfile.
@@ -146,9 +158,9 @@ def _output_options(func: Any) -> Any:
     "--nproc-per-node",
     "nproc",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Copies of the command on each host.",
+    default=None,
+    help="Copies of the command on each host (default: 1, or the tasks per node of "
+    "the Slurm allocation with --hosts slurm).",
 )
 @click.option(
     "--hosts",
@@ -178,7 +190,7 @@ def _output_options(func: Any) -> Any:
 @_output_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
-    nproc: int,
+    nproc: int | None,
     hosts: str | None,
     name: str,
     restart: str,
@@ -206,9 +218,20 @@ def run(
         host_list = "slurm" if hosts == "slurm" else [h for h in hosts.split(",") if h]
         if not host_list:
             raise click.BadParameter("give at least one host", param_hint="--hosts")
-    from ._hosts import SSH
+    from ._hosts import SSH, slurm_hosts
 
     ssh = SSH(user=ssh_user, identity_file=ssh_identity, options=tuple(ssh_option))
+    if host_list is not None and host_list != "slurm":
+        try:
+            ssh.check()
+        except (OSError, ValueError, TypeError) as exc:
+            hint = "--ssh-identity" if ssh_identity and str(ssh_identity) in str(exc) else None
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+    if host_list == "slurm":
+        try:
+            slurm_hosts()
+        except (RuntimeError, OSError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--hosts") from None
     output = _Output(
         log_dir, not no_prefix, False if no_color else None, not no_status, _monitor(monitor)
     )
@@ -219,7 +242,7 @@ def run(
 @dataclass
 class _RunJob:
     argv: list[str]
-    nproc: int
+    nproc: int | None
     hosts: list[str] | str | None
     ssh: Any
     restart: str
@@ -242,6 +265,7 @@ class _RunJob:
                 return 0
             except corral.WorkerFailed as failure:
                 if self.restart != "on-failure" or attempt >= self.max_restarts:
+                    r._hub.log(logging.ERROR, str(failure).split("\n", 1)[0])
                     return _exit_code(failure.returncode if failure.returncode is not None else 1)
                 attempt += 1
                 status.restarts = attempt
@@ -332,8 +356,9 @@ def up(
 ) -> None:
     """Run the processes of a Procfile; when any of them exits, stop the rest.
 
-    ARGS is an optional Procfile path followed by the names of the processes
-    to run (all of them by default).  Each process runs through /bin/sh with
+    ARGS is an optional Procfile path (one with a slash in it, or a name
+    starting with "Procfile") followed by the names of the processes to run
+    (all of them by default).  Each process runs through /bin/sh with
     the variables of the .env files and a PORT of its own (the base port,
     plus 100 per process type, plus 1 per copy).  The exit code is that of
     the first process to exit (128 + N for a signal N); 130 after Ctrl-C.
@@ -342,7 +367,7 @@ def up(
 
     names = list(args)
     path = procfile_option
-    if path is None and names and (os.path.isfile(names[0]) or "Procfile" in names[0]):
+    if path is None and names and _looks_like_a_path(names[0]):
         path = names.pop(0)
     path = path or "Procfile"
     try:
@@ -355,6 +380,8 @@ def up(
         raise ProcfileError(f"{path} has no process named {', '.join(map(repr, unknown))}")
     selected = {n: c for n, c in processes.items() if not names or n in names}
     counts = _concurrency(concurrency, selected)
+    if not any(counts.values()):
+        raise click.UsageError("nothing to run: every selected process has 0 copies (-c)")
     env: dict[str, str] = {}
     files = list(env_files) or ([".env"] if os.path.isfile(".env") else [])
     for env_file in files:
@@ -366,6 +393,16 @@ def up(
         log_dir, not no_prefix, False if no_color else None, not no_status, _monitor(monitor)
     )
     _main_loop(name, output, _UpJob(selected, counts, env, base, grace))
+
+
+def _looks_like_a_path(arg: str) -> bool:
+    """Whether ``corral up``'s first argument names a Procfile rather than a process.
+
+    A process name cannot contain a slash, and Procfiles are called
+    ``Procfile`` or ``Procfile.something``; a file in the current directory
+    that happens to share a process's name does not count.
+    """
+    return "/" in arg or os.path.basename(arg).startswith("Procfile")
 
 
 def _monitor(address: str | None) -> str | None:
@@ -572,6 +609,16 @@ class _Status:
 
     restarts: int = 0
     seen: dict[str, Any] = field(default_factory=dict)
+    #: The last exit code of each name, whichever Process object it was (a
+    #: group restart starts new ones), recorded as it happens.
+    last: dict[str, int] = field(default_factory=dict)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def observe(self, proc: Any, state: str) -> None:
+        """A runner observer (on the loop): note exits, redraw soon."""
+        if state == "exited" and proc.returncode is not None:
+            self.last[proc.name] = proc.returncode
+        self.changed.set()
 
     def rows(self, processes: Sequence[Any]) -> Iterator[tuple[str, ...]]:
         for proc in processes:
@@ -585,8 +632,7 @@ class _Status:
             else:
                 state = "exited" if code == 0 else "failed"
                 uptime = _duration(proc.duration or 0.0)
-            previous = proc.previous_exit
-            last = code if code is not None else previous
+            last = code if code is not None else self.last.get(name, proc.previous_exit)
             yield (
                 name,
                 state,
@@ -647,23 +693,34 @@ def _from_group(group: BaseExceptionGroup[BaseException]) -> int:
         assert isinstance(first, corral.Signalled)
         return 128 + int(first.signal)
     for kind, code in ((FileNotFoundError, 127), (PermissionError, 126)):
-        found = group.subgroup(kind)
+        found = _first(group, kind)
         if found is not None:
-            exc = found.exceptions[0]
-            while isinstance(exc, BaseExceptionGroup):
-                exc = exc.exceptions[0]
-            _fail(f"cannot run {exc.filename!r}: {exc.strerror}", code)
-    failed = group.subgroup(corral.LaunchError)
+            if found.filename is None:
+                _fail(str(found), code)
+            _fail(f"cannot run {found.filename!r}: {found.strerror}", code)
+    failed = _first(group, corral.LaunchError)
     if failed is not None:
-        _fail(str(failed.exceptions[0]), 1)
+        _fail(" ".join(str(failed).split()), 1)  # ssh's message, on one line
     raise group
+
+
+def _first(group: BaseExceptionGroup[BaseException], kind: type[_E]) -> _E | None:
+    """The first exception of type ``kind`` in ``group``, however deeply nested."""
+    found = group.subgroup(kind)
+    if found is None:
+        return None
+    exc: BaseException = found
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    assert isinstance(exc, kind)
+    return exc
 
 
 async def _serve(name: str, output: _Output, job: Any) -> int:
     import corral
 
     console = corral.ConsoleHandler(
-        colour=output.colour, prefix="relative" if output.prefix else "none"
+        sys.stdout, colour=output.colour, prefix="relative" if output.prefix else "none"
     )
     console.setLevel(logging.INFO)
     status = _Status()
@@ -675,6 +732,7 @@ async def _serve(name: str, output: _Output, job: Any) -> int:
         handle_signals=True,
         monitor=output.monitor,
     ) as r:
+        r._observers.append(status.observe)
         if r.monitor_url is not None:
             click.echo(f"corral: monitor at {r.monitor_url}", err=True)
         try:
@@ -691,13 +749,20 @@ async def _serve(name: str, output: _Output, job: Any) -> int:
 
 
 async def _show_status(r: Any, console: Any, status: _Status) -> None:
-    """Redraw the status table twice a second, on the log handlers' thread."""
-    limiter = r._hub.collector._limiter  # never at the same time as a batch of lines
+    """Redraw the status table on every start and exit, and twice a second.
+
+    The drawing runs on the log handlers' thread, never at the same time as
+    a batch of lines.
+    """
+    limiter = r._hub.collector._limiter
     while True:
+        status.changed = anyio.Event()
         width = console._width()
         lines = status.render(r.processes, width, bool(console.colour))
         await anyio.to_thread.run_sync(console.set_footer, lines, limiter=limiter)
-        await anyio.sleep(0.5)
+        with anyio.move_on_after(0.5):
+            await status.changed.wait()
+        await anyio.sleep(0.05)  # a burst of exits is drawn once
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -88,8 +88,8 @@ class RestartPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds before restart number ``attempt`` (1-based): exponential, with jitter."""
-        base = min(self.backoff * 2.0 ** (attempt - 1), MAX_BACKOFF)
-        return base * random.uniform(0.8, 1.2)
+        base = self.backoff * 2.0 ** (attempt - 1)
+        return min(base * random.uniform(0.8, 1.2), MAX_BACKOFF)
 
 
 @dataclass
@@ -599,15 +599,22 @@ class Process:
             raise failure
 
     def _should_restart(self, failed: bool) -> bool:
+        follows = self._restart_follows(failed)
+        run = self._run
+        if run.duration is not None and run.duration >= STABLE_AFTER:
+            self._restarts_in_a_row = 0
+        return follows
+
+    def _restart_follows(self, failed: bool) -> bool:
+        """Whether the policy starts the child again after this exit (no side effects)."""
         policy = self._policy
         if self._stop_requested or policy.restart == "never":
             return False
         if policy.restart == "on-failure" and not failed:
             return False
         run = self._run
-        if run.duration is not None and run.duration >= STABLE_AFTER:
-            self._restarts_in_a_row = 0
-        return self._restarts_in_a_row < policy.max_restarts
+        stable = run.duration is not None and run.duration >= STABLE_AFTER
+        return (0 if stable else self._restarts_in_a_row) < policy.max_restarts
 
     async def _restart(self, run: _Run) -> bool:
         """Wait the backoff, then spawn the next run; ``False`` if stopped meanwhile."""
@@ -797,11 +804,12 @@ class Process:
         duration = run.duration if run.duration is not None else 0.0
         level = logging.DEBUG
         if run.returncode != 0 and not self._stop_requested:
-            # A failure that stops the runner (check=True) is an error; a
-            # non-zero exit the caller said it tolerates is worth a warning.
+            # A failure that stops the runner (check=True, no restart left) is
+            # an error; one that is restarted, or a non-zero exit the caller
+            # said it tolerates, is worth a warning.
             level = (
                 logging.ERROR
-                if self._check and self._policy.restart == "never"
+                if self._check and not self._restart_follows(failed=True)
                 else logging.WARNING
             )
         return level, (

@@ -938,6 +938,12 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
         except (OSError, ValueError, AttributeError):
             return 80
 
+    def _height(self) -> int:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).lines
+        except (OSError, ValueError, AttributeError):
+            return 24
+
     def set_footer(self, lines: list[bytes]) -> None:
         """Pin ``lines`` (a status view) under the scrolling lines and the bars; redraw now.
 
@@ -962,6 +968,13 @@ class ConsoleHandler(_BlockSink, logging.StreamHandler):  # type: ignore[type-ar
         controls = _controls()
         out = [controls.clear_lines(self._drawn), data]
         pinned = [*self._bars.values(), *self._footer]
+        # The cursor cannot go above the top of the screen: pinned lines that
+        # scrolled off it could never be cleared, and would stay in the
+        # scrollback.  So at most a screenful, less a line, is pinned.
+        room = max(self._height() - 1, 1)
+        if len(pinned) > room:
+            hidden = len(pinned) - room + 1
+            pinned = [*pinned[: room - 1], f"... and {hidden} more lines".encode()]
         out.append(b"\n".join(pinned))
         self._drawn = len(pinned)
         self._raw(b"".join(out))
