@@ -98,7 +98,35 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
             r"\d\d:\d\d:\d\d logs\.shell \| no newline at the end",
         ],
     },
+    "launch.py": {
+        "stdout": [
+            r"results in rank order: \[0, 1, 4, 9\]",
+            r"by host: \{'localhost': \[0, 1, 4, 9\]\}",
+            r"partial with keywords: \['rank 0 of 3: hello!', 'rank 1 of 3: hello!', "
+            r"'rank 2 of 3: hello!'\]",
+            r"caught ValueError from rank 2 on localhost: rank 2 cannot divide by zero",
+            r"  remote traceback ends with: ValueError: rank 2 cannot divide by zero",
+            r"  the sleeping siblings were stopped: True",
+            r"caught WorkerFailed: worker rank 1 on host localhost \(local rank 1\) exited with "
+            r"code 3 without an exception; last stderr lines:",
+            r"  rank 1, host localhost, exit code 3",
+            r"  stderr tail: 'rank 1: allocating 1 TiB'",
+            r"done: every worker has exited",
+        ],
+        "stderr": [
+            r"\d\d:\d\d:\d\d example\.agent-0\.worker-2 \| working",
+            r"\d\d:\d\d:\d\d example\.agent-0\.worker-1 \| rank 1: allocating 1 TiB",
+        ],
+    },
+    "launch_torch.py": {
+        "stdout": [r"rank [0-3] of 4: all_reduce\(sum\) = 10\.0 \(gloo\)"] * 4
+        + [r"every rank agrees: 10\.0"],
+        "stderr": [r"\d\d:\d\d:\d\d torch\.agent-0\.worker-\d \| rank \d: gloo all_reduce done"],
+    },
 }
+
+#: Examples that need an optional package (a skip, which is an error in CI).
+NEEDS = {"launch_torch.py": "torch"}
 
 #: Examples that log a traceback on purpose (it reaches the console, on
 #: stderr): how many.  Any other traceback on stderr is a crash.
@@ -146,6 +174,8 @@ def test_examples_exist() -> None:
 def test_example(path: Path, tag: str) -> None:
     # The ``tag`` fixture marks every process the example starts and fails
     # the test if any of them is still alive afterwards.
+    if path.name in NEEDS:
+        pytest.importorskip(NEEDS[path.name])
     result = run_example(path, tag)
     assert result.returncode == 0, (
         f"{path.name} exited with code {result.returncode}\n{describe(result)}"

@@ -40,6 +40,7 @@ __all__ = [
     "LoopToken",
     "Process",
     "ProcessFailed",
+    "RemoteTraceback",
     "ResourceLimitError",
     "Route",
     "Runner",
@@ -62,6 +63,7 @@ _HOMES = {
     "SSH": "_hosts",
     "LaunchError": "_launch",
     "LaunchResult": "_launch",
+    "RemoteTraceback": "_launch",
     "WorkerFailed": "_launch",
     "ConsoleHandler": "_routing",
     "CorralError": "_errors",
@@ -105,7 +107,7 @@ if TYPE_CHECKING:
         WrongLoopError,
     )
     from ._hosts import DEFAULT_ENV_PATTERNS, SSH
-    from ._launch import LaunchError, LaunchResult, WorkerFailed
+    from ._launch import LaunchError, LaunchResult, RemoteTraceback, WorkerFailed
     from ._process import CompletedProcess, Process
     from ._routing import ConsoleHandler, Route
     from ._runner import Runner, open_runner

@@ -104,9 +104,9 @@ class HostWorkers:
                     tg.start_soon(proc.stop, grace)
 
     @staticmethod
-    def _environment(job: _link.Job, local_rank: int) -> dict[str, str]:
+    def _environment(job: _link.Job, local_rank: int) -> dict[str, str | None]:
         """The worker's environment: the job's, and torchrun's variables for its rank."""
-        env = dict(job.env)
+        env: dict[str, str | None] = dict(job.env)
         env.update(
             RANK=str(job.first_rank + local_rank),
             LOCAL_RANK=str(local_rank),
@@ -343,6 +343,7 @@ async def _obey(
     decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
     done = anyio.Event()
     grace = 5.0
+    job_started = False
 
     async def run_job(job: _link.Job) -> None:
         nonlocal grace
@@ -368,6 +369,7 @@ async def _obey(
         done.set()
 
     async def receive() -> None:
+        nonlocal job_started
         while True:
             try:
                 data = await stream.receive()
@@ -380,10 +382,17 @@ async def _obey(
                 return
             for message in cast(list[Any], decoder.feed(data)):
                 if isinstance(message, _link.Job):
+                    job_started = True
                     tg.start_soon(run_job, message)
                 elif isinstance(message, _link.Stop):
                     with anyio.CancelScope(shield=True):
                         await workers.stop(message.grace)
+                    if not job_started:
+                        # Stopped before any job (another agent failed to
+                        # start): nothing runs here, say so at once.
+                        await link.send(_link.encode(_link.AgentDone()))
+                        done.set()
+                        return
 
     async with anyio.create_task_group() as tg:
         if config.watch_stdin:

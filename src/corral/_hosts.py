@@ -35,6 +35,7 @@ from typing import Final
 __all__ = [
     "DEFAULT_ENV_PATTERNS",
     "SSH",
+    "dial_back_addresses",
     "environment_for_hosts",
     "route_address",
     "slurm_hosts",
@@ -128,20 +129,20 @@ class SSH:
 
 def environment_for_hosts(
     copy_env: Sequence[str], extra_env: Mapping[str, str | None] | None
-) -> dict[str, str]:
-    """The variables every remote worker gets: by pattern, then ``extra_env``."""
+) -> dict[str, str | None]:
+    """The variables every remote worker gets: by pattern, then ``extra_env``.
+
+    A ``None`` value stays in the result: the remote side removes that
+    variable from whatever environment the agent found there.
+    """
     patterns = (*DEFAULT_ENV_PATTERNS, *copy_env)
-    env = {
+    env: dict[str, str | None] = {
         name: value
         for name, value in os.environ.items()
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
         and not name.startswith("CORRAL_")
     }
-    for name, value in (extra_env or {}).items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
+    env.update(extra_env or {})
     return env
 
 
@@ -155,6 +156,56 @@ def route_address(host: str) -> str:
         probe.connect(address)  # UDP: no packet is sent, the kernel picks the route
         local: str = probe.getsockname()[0]
     return local
+
+
+def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
+    """For each host, this machine's address on the route to it (blocking: run in a thread).
+
+    A name this machine cannot resolve may still be one ssh knows (a
+    ``Host`` alias of its configuration): ``ssh -G`` says which host name it
+    stands for.  A host that cannot be resolved either way gets the address
+    of another host's route, or of this machine's name; ssh then fails on it
+    with a message of its own, which is the error the caller will see.
+    """
+    found: list[str | None] = []
+    for host in hosts:
+        address = None
+        for name in (host, _ssh_hostname(host, ssh)):
+            if name is None:
+                continue
+            try:
+                address = route_address(name)
+                break
+            except OSError:
+                continue
+        found.append(address)
+    fallback = next((a for a in found if a is not None), None)
+    if fallback is None:
+        try:
+            fallback = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            fallback = "127.0.0.1"
+    return [a if a is not None else fallback for a in found]
+
+
+def _ssh_hostname(host: str, ssh: SSH) -> str | None:
+    """The host name ssh's configuration gives ``host`` (``ssh -G``), if it differs."""
+    try:
+        out = subprocess.run(
+            [ssh.executable, *ssh.options, "-G", "--", host],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value and value != host:
+            return value
+    return None
 
 
 def slurm_hosts() -> list[str]:

@@ -57,8 +57,8 @@ from ._agent import CONFIG_ENV, HostWorkers, encode_config
 from ._errors import CorralError, _signal_name
 from ._hosts import (
     SSH,
+    dial_back_addresses,
     environment_for_hosts,
-    route_address,
     slurm_hosts,
     slurm_workers_per_host,
 )
@@ -231,7 +231,7 @@ class _Plan:
     remote: bool
     slurm: bool
     ssh: SSH
-    env: dict[str, str]
+    env: dict[str, str | None]
     grace: float
     start_timeout: float
     log_level: int
@@ -298,9 +298,9 @@ def _plan(
         ssh.check()
     if not (math.isfinite(start_timeout) and start_timeout > 0):
         raise ValueError(f"start_timeout must be a positive number of seconds, not {start_timeout}")
-    env = environment_for_hosts(copy_env, extra_env) if remote else {}
-    if not remote:
-        env = {k: v for k, v in (extra_env or {}).items() if v is not None}
+    # Workers here inherit the launcher's environment: only extra_env (with
+    # its removals) goes on top.  Remote ones get the variables by rule.
+    env = environment_for_hosts(copy_env, extra_env) if remote else dict(extra_env or {})
     plan = _Plan(
         hosts=names,
         counts=counts,
@@ -464,7 +464,7 @@ class _Coordinator:
                         pass
                 return exc
         name = error.type_name or "an error"
-        return WorkerFailed(
+        failed = WorkerFailed(
             f"worker {where} raised {name}: {error.message}",
             rank=failure.rank,
             host=failure.host,
@@ -472,6 +472,9 @@ class _Coordinator:
             exc_type=error.type_name or None,
             remote_traceback=error.traceback,
         )
+        if error.traceback:
+            failed.__cause__ = RemoteTraceback(error.traceback)
+        return failed
 
     def outcome(self) -> LaunchResult[Any]:
         values = [self.values[rank] for rank in range(self.plan.world_size)]
@@ -520,7 +523,18 @@ async def launch(
         payload = _pickle_job(func, args)
     coordinator = _Coordinator(plan)
     if plan.remote:
-        await _launch_remote(runner, plan, payload, coordinator, launcher_address)
+        try:
+            await _launch_remote(runner, plan, payload, coordinator, launcher_address)
+        except BaseExceptionGroup as group:
+            # An agent that could not start is one error, however many task
+            # groups it crossed (and however many agents failed alike).
+            errors, rest = group.split(LaunchError)
+            if errors is None or rest is not None:
+                raise
+            first: BaseException = errors
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
     else:
         await _launch_here(runner, plan, payload, coordinator)
     if coordinator.failure is not None:
@@ -761,9 +775,13 @@ class _Remote:
                 check=False,
                 grace=plan.grace + 5,
             )
-            assert proc.stdin is not None
-            await proc.stdin.send(config.encode() + b"\n")  # stdin stays open: the agent's lifeline
             self.processes.append(proc)
+            assert proc.stdin is not None
+            try:
+                # stdin stays open afterwards: the agent's lifeline.
+                await proc.stdin.send(config.encode() + b"\n")
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # ssh has exited already: wait_connected reports why
 
     async def wait_connected(self) -> None:
         """Until every agent dialed back; raise LaunchError if an agent's command exits first."""
@@ -835,7 +853,10 @@ async def _launch_remote(
     remote = _Remote(runner, plan, coordinator, secret)
     # Each agent dials back to this machine's address on the route to its own
     # host (hosts on different networks reach us by different addresses).
-    wanted = [launcher_address or route_address(host) for host in plan.hosts]
+    if launcher_address is not None:
+        wanted = [launcher_address] * len(plan.hosts)
+    else:
+        wanted = await anyio.to_thread.run_sync(dial_back_addresses, plan.hosts, plan.ssh)
     listeners: dict[str, anyio.abc.Listener[anyio.abc.SocketStream]] = {}
     ports: dict[str, int] = {}
     try:

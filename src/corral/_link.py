@@ -135,7 +135,7 @@ class Job(msgspec.Struct, tag="job", array_like=True, frozen=True):
     groups: int
     master_addr: str
     master_port: int
-    env: dict[str, str]
+    env: dict[str, str | None]  # None: remove the variable
     grace: float
     log_level: int = 0
     argv: list[str] = msgspec.field(default_factory=list)  # a command instead of a function

@@ -663,14 +663,16 @@ class Runner:
                 get on top of the default set (see :data:`corral.DEFAULT_ENV_PATTERNS`).
             ssh: how to reach remote hosts (an :class:`SSH`); user, port,
                 identity file, extra options, the remote Python and directory.
-            launcher_address: the address agents dial back to; defaults to this
-                machine's address on the route to the first host.
+            launcher_address: the address agents dial back to; by default each
+                agent dials this machine's address on the route to its host.
             start_timeout: seconds agents get to start and connect back.
             grace: seconds between the stop signal and SIGKILL when workers
                 are stopped; defaults to the runner's.
-            log_level: records below this level stay on their host (in
-                ``host_log_dir`` there), for launches too large to bring every
-                line home.
+            log_level: on remote hosts, records below this level stay on
+                their host (in ``host_log_dir`` there), for launches too large
+                to bring every line home.  Workers on this machine
+                (``hosts=None``) send every record to the runner, whose own
+                handlers and routes choose what to keep.
             host_log_dir: a folder on each remote host for its agent's log
                 files (every record, whatever ``log_level``).
 

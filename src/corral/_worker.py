@@ -47,9 +47,14 @@ def main() -> int:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the function gets an empty stdin, not our job pipe
     os.close(devnull)
+    import logging
+
     import corral.child
 
-    corral.child.connect()
+    # As if the function had called logging.basicConfig(level=logging.INFO):
+    # its logging.info() records arrive, as its print() lines do.  A function
+    # that wants DEBUG sets the root logger's level itself.
+    corral.child.connect(logging.INFO)
     try:
         try:
             func, args = pickle.loads(payload)
