@@ -899,9 +899,12 @@ def test_run_on_two_ssh_hosts(
             assert sorted(got) == [f"err {rank}", f"hello {rank} {local} {group} 4 {a}"], lines
     if fail:
         # Said by the agent of rank 3's host, under its own source.
-        assert any(
-            "worker-1 (pid" in m and "exited with code 6" in m for m in messages(lines, "agent-1")
-        ), "\n".join(lines)
+        said = [m for m in messages(lines, "agent-1") if "exited with code 6" in m]
+        assert any(m.startswith("worker-1 (pid") for m in said), "\n".join(lines)
+        # Once, under its source: not repeated as a logger name in the message.
+        assert not any(m.startswith("agent-1:") for m in messages(lines, "agent-1")), lines
+        # And the command says which worker failed, last.
+        assert "rank 3" in messages(lines, "run")[-1], lines
 
 
 @pytest.mark.timeout(60)

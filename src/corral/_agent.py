@@ -252,12 +252,15 @@ class ForwardSink(_BlockSink):
         self._forward(_link.Records(self._relative(source.name), records))
 
     def emit(self, record: logging.LogRecord) -> None:
+        own = record.name == self._agent_name
         wire = Record(
             created=record.created,
             level=record.levelno,
             levelname=record.levelname,
-            name=record.name,
-            msg=_format_message(record) if record.name != self._agent_name else record.getMessage(),
+            # The agent's own runner speaks under its source alone, as the
+            # launcher's runner does: no logger name in front of the message.
+            name="" if own else record.name,
+            msg=record.getMessage() if own else _format_message(record),
             pid=record.process or os.getpid(),
         )
         self._forward(_link.Records(self._relative(source_of(record)), [wire]))

@@ -572,7 +572,7 @@ def _believable(created: float) -> float:
 
 def _wire_message(rec: Record) -> str:
     """The text of a record from the wire, as the files and the console show it."""
-    message = f"{rec.name}: {rec.msg}"
+    message = f"{rec.name}: {rec.msg}" if rec.name else rec.msg
     if rec.exc_text:
         message = f"{message}\n{rec.exc_text}"
     if rec.stack_info:
@@ -596,7 +596,7 @@ def _path_names(pathname: str) -> tuple[str, str]:
 def _from_wire(rec: Record, state: StreamState) -> logging.LogRecord:
     created = _believable(rec.created)
     record = make_record(
-        rec.name,
+        rec.name or state.source.name,  # "": a runner's own record (an agent's)
         rec.level,
         rec.msg,
         created=created,
