@@ -123,6 +123,24 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
         + [r"every rank agrees: 10\.0"],
         "stderr": [r"\d\d:\d\d:\d\d torch\.agent-0\.worker-\d \| rank \d: gloo all_reduce done"],
     },
+    "monitor.py": {
+        "stdout": [
+            r"monitor page: http://127\.0\.0\.1:\d+/\?token=[\w-]+",
+            r"in a terminal: corral tail 'http://127\.0\.0\.1:\d+/\?token=[\w-]+'",
+            r"hello: protocol 1, runner shop, web \(running, pid \d+\), "
+            r"worker \(running, pid \d+\)",
+            r"record: shop\.web INFO listening on port 8080",
+            r"record: shop\.worker WARNING app: disk 91% full",
+            r"process: worker failed \(exit code 1\)",
+            r"process: web exited \(exit code 0\)",
+            r"end: the runner has ended",
+        ],
+        "stderr": [
+            r"\d\d:\d\d:\d\d shop \| monitor at http://127\.0\.0\.1:\d+/\?token=[\w-]+",
+            r"\d\d:\d\d:\d\d shop\.web \| listening on port 8080",
+            r"\d\d:\d\d:\d\d shop\.worker \| app: disk 91% full",
+        ],
+    },
 }
 
 #: Examples that need an optional package (a skip, which is an error in CI).
@@ -229,6 +247,7 @@ DOC_PAGES = [
     "howto/limits.rst",
     "howto/logging.rst",
     "howto/subprocess.rst",
+    "howto/monitor.rst",
 ]
 
 _CODE_BLOCK = re.compile(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", re.MULTILINE)

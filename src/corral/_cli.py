@@ -510,12 +510,11 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
     number = int(level) if level.lstrip("-").isdigit() else _level_number(level)
     if number == 0 and level.upper() not in ("NOTSET", "0"):
         raise click.BadParameter(f"{level!r} is not a level", param_hint="--level")
-    split = _urlsplit(url)
+    split = _urlsplit(url, source, number)
     sys.exit(
         anyio.run(
             _tail,
             split,
-            source,
             number,
             not no_prefix,
             False if no_color else None,
@@ -524,19 +523,27 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
     )
 
 
-def _urlsplit(url: str) -> str:
+def _urlsplit(url: str, source: str, level: int) -> str:
+    """The WebSocket URL for ``url``, asking the server for this filter from the start."""
     import urllib.parse
 
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "ws", "https", "wss") or not parts.netloc:
         raise click.BadParameter(f"{url!r} is not a monitor URL", param_hint="URL")
-    if "token=" not in parts.query:
+    query = [
+        (k, v)
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if k not in ("source", "level")
+    ]
+    if not any(k == "token" for k, _ in query):
         raise click.BadParameter("the URL has no token (?token=...)", param_hint="URL")
+    query += [("source", source), ("level", str(level))]
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
-    return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", parts.query, ""))
+    encoded = urllib.parse.urlencode(query)
+    return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", encoded, ""))
 
 
-async def _tail(url: str, source: str, level: int, prefix: bool, colour: bool | None) -> int:
+async def _tail(url: str, level: int, prefix: bool, colour: bool | None) -> int:
     import msgspec
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -545,26 +552,39 @@ async def _tail(url: str, source: str, level: int, prefix: bool, colour: bool | 
 
     from ._records import make_record
 
-    console = corral.ConsoleHandler(colour=colour, prefix="relative" if prefix else "none")
+    console = corral.ConsoleHandler(
+        sys.stdout, colour=colour, prefix="relative" if prefix else "none"
+    )
     give_up_after = 30.0
     failing_since: float | None = None
     delay = 0.2
+    # The last row printed: after a reconnection the server sends its recent
+    # rows again, and those up to this one were printed already.
+    last: list[Any] | None = None
     try:
         while True:
             try:
                 async with connect(url, open_timeout=10, max_size=None) as ws:
                     failing_since = None
                     delay = 0.2
-                    await ws.send(
-                        msgspec.json.encode({"type": "filter", "source": source, "level": level})
-                    )
+                    backlog = True
                     async for text in ws:
                         message = msgspec.json.decode(text)
                         kind = message.get("type")
                         if kind == "logs":
+                            rows = message["records"]
+                            if backlog and last is not None:
+                                for index in range(len(rows) - 1, -1, -1):
+                                    if rows[index] == last:
+                                        rows = rows[index + 1 :]
+                                        break
+                            backlog = False
+                            if not rows:
+                                continue
+                            last = rows[-1]
                             records = [
                                 make_record(src, lvl, line, created=created)
-                                for src, _stream, lvl, created, _name, line in message["records"]
+                                for src, _stream, lvl, created, _name, line in rows
                                 if lvl >= level
                             ]
                             await anyio.to_thread.run_sync(_print_all, console, records)

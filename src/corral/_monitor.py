@@ -8,16 +8,22 @@ the WebSocket endpoint, which speaks the JSON protocol below.  The server is
 the WebSocket library of the running loop: trio-websocket on Trio, the
 ``websockets`` package's asyncio server on asyncio.
 
-**Security.**  The monitor binds to loopback unless told otherwise.  Every
+**Security.**  The monitor binds to loopback unless told otherwise
+(``monitor=True`` or a port alone).  Every
 connection — the page, the WebSocket — must carry the access token
 (``?token=``, compared in constant time); a missing or wrong one is refused
-with ``403`` and no data.  A browser's ``Origin`` must be the monitor's own.
+with ``403`` and no data.  A browser's ``Origin`` must be the monitor's own
+page: its port, and a name that cannot be made to point elsewhere.
 
 **Never in the way.**  Each client has a bounded queue of log events; a
 client that reads slowly (or not at all) loses its *oldest* log events, and
 the next message it gets says how many (``{"type": "dropped"}``).  The
 runner, the other clients, the log files and handlers lose nothing and wait
-for nobody.
+for nobody.  The queue holds output as it was read; it is split into
+records only to be sent, in a worker thread, a message of at most
+:data:`MESSAGE_ROWS` records at a time, and the kernel holds at most
+:data:`SEND_BUFFER` bytes for a connection: a client that stops reading is
+prepared one message for, not everything that follows.
 
 The protocol (version 1), JSON text messages, server to client:
 
@@ -45,15 +51,18 @@ given as ``source=`` and ``level=`` query parameters of the URL.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hmac
+import ipaddress
 import logging
 import secrets
+import socket
 import sys
 import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
@@ -82,142 +91,287 @@ RECENT_READS: Final = 500
 _json = msgspec.json.Encoder()
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` (``"[::1]:0"`` for IPv6) as a pair; ``ValueError`` if it is not one."""
+#: Where the monitor listens when only a port is given (or ``monitor=True``).
+DEFAULT_HOST: Final = "127.0.0.1"
+
+
+def parse_address(address: str | bool) -> tuple[str, int]:
+    """Where to listen, as ``(host, port)``; ``ValueError`` for anything else.
+
+    ``"HOST:PORT"`` (``"[::1]:0"`` for IPv6); a port alone (``"8765"`` or
+    ``":8765"``) or ``True`` listens on loopback, port 0 meaning any free one.
+    """
+    if address is True:
+        return DEFAULT_HOST, 0
     if not isinstance(address, str):
-        raise TypeError(f"monitor must be 'HOST:PORT', not {type(address).__name__}")
+        raise TypeError(f"monitor must be 'HOST:PORT' or True, not {type(address).__name__}")
     host, colon, port = address.rpartition(":")
-    if not colon or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
-        raise ValueError(f"monitor={address!r}: expected 'HOST:PORT', e.g. '127.0.0.1:0'")
-    return host.strip("[]"), int(port)
+    if not colon:
+        host, port = "", address
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(
+            f"monitor={address!r}: expected 'HOST:PORT' (or a port alone, on loopback), "
+            "e.g. '127.0.0.1:0'"
+        )
+    return host.strip("[]") or DEFAULT_HOST, int(port)
+
+
+#: What the log service hands the monitor, kept as it came (no line is split
+#: until a client is sent it): ``("lines", source, stream, level, created,
+#: text)`` for a read of output, ``("wire", source, records)`` for records of
+#: a log connection, ``("row", row)`` for one record built for handlers.
+_Entry = tuple[Any, ...]
+
+#: State messages a client may fall behind by before only the newest state
+#: of each process is kept for it.
+STATE_QUEUE: Final = 1000
+#: Batches of events sent to a client per second, at most.
+SEND_RATE: Final = 20
+#: Rows per ``logs`` message at most (a long backlog goes out in several).
+MESSAGE_ROWS: Final = 2000
+
+
+def _count(entry: _Entry) -> int:
+    """How many rows ``entry`` holds."""
+    kind = entry[0]
+    if kind == "lines":
+        return int(entry[5].count(b"\n")) + 1
+    if kind == "wire":
+        return len(entry[2])
+    return 1
+
+
+def _rows(entry: _Entry) -> list[list[Any]]:
+    """The rows of ``entry``: ``[source, stream, level, time, logger, message]``."""
+    kind = entry[0]
+    if kind == "lines":
+        _, name, stream, level, created, text = entry
+        return [
+            [name, stream, level, created, None, line]
+            for line in text.decode("utf-8", "replace").split("\n")
+        ]
+    if kind == "wire":
+        name, records = entry[1], entry[2]
+        return [
+            [name, "logging", rec.level, rec.created, rec.name or None, _wire_message(rec)]
+            for rec in records
+        ]
+    return [entry[1]]
 
 
 class _Client:
-    """One connected client: its filter and its bounded queue."""
+    """One connected client: its filter and its bounded queue.
+
+    The log service pushes whole reads and batches of records (one cheap
+    check and an append each, on its worker thread); they are split into
+    rows only when the client is sent them, so a client that does not read
+    costs the runner next to nothing.  The queue holds at least
+    :data:`CLIENT_QUEUE` rows and at most that plus one read; beyond it, the
+    oldest go, and the count of what went is sent next.
+    """
 
     def __init__(self, loop: LoopHandle, source: str, level: int) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._states: list[bytes] = []  # state messages are never dropped
-        self._logs: deque[list[Any]] = deque()
+        self._states: list[tuple[str, bytes]] = []
+        self._entries: deque[tuple[_Entry, int, int]] = deque()
+        self._generation = 0  # of the filter: entries pushed under it are filtered
+        self._queued = 0
+        self._poked = False
         self.dropped = 0
-        self.source = source
-        self.level = level
+        self._source = source
+        self._level = level
+        self._matches: dict[str, bool] = {}
         self.wake = anyio.Event()
         self.ended = False
 
-    def wants(self, source: str, level: int) -> bool:
-        if level < self.level:
-            return False
-        return self.source == "*" or fnmatch.fnmatchcase(source, self.source)
+    @property
+    def source(self) -> str:
+        """The glob of the sources this client wants."""
+        return self._source
 
-    def push_logs(self, rows: list[list[Any]]) -> None:
-        """From any thread: queue log rows, dropping the oldest beyond the bound."""
-        rows = [row for row in rows if self.wants(row[0], row[2])]
-        if not rows:
-            return
-        with self._lock:
-            self._logs.extend(rows)
-            excess = len(self._logs) - CLIENT_QUEUE
-            if excess > 0:
-                for _ in range(excess):
-                    self._logs.popleft()
-                self.dropped += excess
-        self._poke()
+    @property
+    def level(self) -> int:
+        """The lowest level this client wants."""
+        return self._level
 
-    def push_state(self, message: bytes) -> None:
+    def set_filter(self, source: str, level: int) -> None:
         with self._lock:
-            self._states.append(message)
-        self._poke()
+            self._source, self._level = source, level
+            self._matches = {}
+            self._generation += 1
+
+    def _wants_source(self, source: str) -> bool:
+        wanted = self._matches.get(source)
+        if wanted is None:
+            pattern = self._source
+            wanted = pattern == "*" or fnmatch.fnmatchcase(source, pattern)
+            if len(self._matches) < 4096:
+                self._matches[source] = wanted
+        return wanted
+
+    def wants(self, row: list[Any]) -> bool:
+        return bool(row[2] >= self._level and self._wants_source(row[0]))
+
+    def push(self, entry: _Entry) -> None:
+        """From any thread: queue an entry, dropping the oldest beyond the bound."""
+        kind = entry[0]
+        with self._lock:
+            if kind == "row":
+                if not self.wants(entry[1]):
+                    return
+                count = 1
+            else:
+                if not self._wants_source(entry[1]):
+                    return
+                if kind == "lines":
+                    if entry[3] < self._level:
+                        return
+                    count = _count(entry)
+                elif self._level > 0:
+                    count = sum(1 for rec in entry[2] if rec.level >= self._level)
+                    if not count:
+                        return
+                else:
+                    count = len(entry[2])
+            self._entries.append((entry, count, self._generation))
+            self._queued += count
+            while len(self._entries) > 1 and self._queued - self._entries[0][1] >= CLIENT_QUEUE:
+                _, gone, _ = self._entries.popleft()
+                self._queued -= gone
+                self.dropped += gone
+            poke, self._poked = not self._poked, True
+        if poke:
+            self._poke()
+
+    def push_state(self, name: str, message: bytes) -> None:
+        with self._lock:
+            self._states.append((name, message))
+            if len(self._states) > STATE_QUEUE:
+                # A client this far behind gets the newest state of each process.
+                newest = dict(self._states)
+                self._states = list(newest.items())
+            poke, self._poked = not self._poked, True
+        if poke:
+            self._poke()
 
     def _poke(self) -> None:
         try:
-            self._loop.call_soon_threadsafe(self.wake.set)
+            self._loop.call_soon_threadsafe(self._wake)
         except anyio.RunFinishedError:
             pass
 
-    def take(self) -> list[bytes]:
-        """Everything waiting, as messages to send (on the loop)."""
-        self.wake = anyio.Event()
+    def _wake(self) -> None:
+        self.wake.set()
+
+    def take(self, limit: int = 0) -> tuple[list[bytes], bool]:
+        """What is waiting, as messages to send, and whether more is left.
+
+        Takes whole entries until they hold ``limit`` rows (all of them if
+        ``limit`` is 0).  Runs in a worker thread: it splits lines.  A client
+        that reads nothing is thus never made more than one batch for.
+        """
         with self._lock:
-            states, self._states = self._states, []
-            logs = list(self._logs)
-            self._logs.clear()
+            states = [message for _, message in self._states]
+            self._states = []
+            entries: list[tuple[_Entry, int, int]] = []
+            taken = 0
+            while self._entries and (not limit or taken < limit):
+                queued = self._entries.popleft()
+                entries.append(queued)
+                taken += queued[1]
+            self._queued -= taken
+            more = bool(self._entries)
+            if not more:
+                self._poked = False
             dropped, self.dropped = self.dropped, 0
+            generation, level = self._generation, self._level
+        rows: list[list[Any]] = []
+        for entry, _, pushed_under in entries:
+            if pushed_under != generation:  # the filter changed since: apply the new one
+                rows.extend(row for row in _rows(entry) if self.wants(row))
+            elif entry[0] == "wire" and level > 0:  # one level per record
+                rows.extend(row for row in _rows(entry) if row[2] >= level)
+            else:  # filtered whole when pushed
+                rows.extend(_rows(entry))
+        if len(rows) > CLIENT_QUEUE:  # one read of more lines than the queue holds
+            dropped += len(rows) - CLIENT_QUEUE
+            del rows[: len(rows) - CLIENT_QUEUE]
         messages = []
         if dropped:
             messages.append(_json.encode({"type": "dropped", "count": dropped}))
         messages.extend(states)
-        if logs:
-            messages.append(_json.encode({"type": "logs", "records": logs}))
-        return messages
+        messages.extend(_logs_messages(rows))
+        return messages, more
+
+
+def _logs_messages(rows: list[list[Any]]) -> list[bytes]:
+    return [
+        _json.encode({"type": "logs", "records": rows[i : i + MESSAGE_ROWS]})
+        for i in range(0, len(rows), MESSAGE_ROWS)
+    ]
 
 
 class MonitorSink(_BlockSink):
-    """A destination of the runner's log service that feeds the monitor's clients."""
+    """A destination of the runner's log service that feeds the monitor's clients.
+
+    Each entry is kept among the recent ones (for clients yet to come) and
+    pushed to the clients there are, under one lock: a client that attaches
+    gets the recent entries from before it came and every entry after, with
+    neither a gap nor a repeat at the join.
+    """
 
     def __init__(self, monitor: Monitor) -> None:
         super().__init__(logging.NOTSET)
         self._monitor = monitor
         monitor.sink = self
-        # The last reads, as they came (cheap: no line is split until a client
-        # connects and asks for them).
-        self._recent: deque[tuple[str, str, int, float, bytes] | list[list[Any]]] = deque(
-            maxlen=RECENT_READS
-        )
-        self._recent_lock = threading.Lock()
+        self._recent: deque[_Entry] = deque(maxlen=RECENT_READS)
+        self._lock = threading.Lock()
+        self._clients: list[_Client] = []
 
-    def recent_rows(self) -> list[list[Any]]:
-        """The last :data:`RECENT_RECORDS` log rows (for a client that just connected)."""
-        with self._recent_lock:
-            entries = list(self._recent)
-        rows: list[list[Any]] = []
-        for entry in reversed(entries):
-            if isinstance(entry, tuple):
-                name, stream, level, created, text = entry
-                lines = text.decode("utf-8", "replace").split("\n")
-                rows[:0] = [[name, stream, level, created, None, line] for line in lines]
-            else:
-                rows[:0] = entry
-            if len(rows) >= RECENT_RECORDS:
-                break
-        return rows[-RECENT_RECORDS:]
+    def attach(self, client: _Client) -> list[_Entry]:
+        """Add ``client``; return the recent entries, which it is not pushed."""
+        with self._lock:
+            self._clients = [*self._clients, client]
+            return list(self._recent)
+
+    def detach(self, client: _Client) -> None:
+        with self._lock:
+            self._clients = [c for c in self._clients if c is not client]
+
+    def _add(self, entry: _Entry) -> None:
+        with self._lock:
+            self._recent.append(entry)
+            for client in self._clients:
+                client.push(entry)
 
     def write_lines(
         self, source: Source, stream: str, level: int, created: float, text: bytes
     ) -> None:
-        name = source.name
-        with self._recent_lock:
-            self._recent.append((name, stream, level, created, text))
-        clients = self._monitor.clients()
-        if not clients:
-            return
-        rows = [
-            [name, stream, level, created, None, line]
-            for line in text.decode("utf-8", "replace").split("\n")
-        ]
-        for client in clients:
-            client.push_logs(rows)
+        self._add(("lines", source.name, stream, level, created, text))
 
     def write_wire(self, source: Source, records: list[Record]) -> None:
-        name = source.name
-        rows = [
-            [name, "logging", rec.level, rec.created, rec.name, _wire_message(rec)]
-            for rec in records
-        ]
-        with self._recent_lock:
-            self._recent.append(rows)
-        for client in self._monitor.clients():
-            client.push_logs(rows)
+        self._add(("wire", source.name, records))
 
     def emit(self, record: logging.LogRecord) -> None:
         stream = getattr(record, "corral_stream", None)
         message = _format_message(record) if stream == "logging" else record.getMessage()
-        row = [source_of(record), stream, record.levelno, record.created, record.name, message]
-        with self._recent_lock:
-            self._recent.append([row])
-        for client in self._monitor.clients():
-            client.push_logs([row])
+        self._add(
+            (
+                "row",
+                [source_of(record), stream, record.levelno, record.created, record.name, message],
+            )
+        )
+
+
+def _recent_rows(entries: list[_Entry], client: _Client) -> list[list[Any]]:
+    """The last :data:`RECENT_RECORDS` rows of ``entries`` that ``client`` wants."""
+    rows: list[list[Any]] = []
+    for entry in reversed(entries):
+        rows[:0] = [row for row in _rows(entry) if client.wants(row)]
+        if len(rows) >= RECENT_RECORDS:
+            break
+    return rows[-RECENT_RECORDS:]
 
 
 def _process_info(proc: Process, state: str) -> dict[str, Any]:
@@ -239,7 +393,7 @@ def _process_info(proc: Process, state: str) -> dict[str, Any]:
 class Monitor:
     """The monitor of one runner (see the module's docs)."""
 
-    def __init__(self, address: str, runner_name: str) -> None:
+    def __init__(self, address: str | bool, runner_name: str) -> None:
         self.host, self.port = parse_address(address)
         self.token = secrets.token_urlsafe(18)
         self._runner_name = runner_name
@@ -259,7 +413,11 @@ class Monitor:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = self.host
+        if host in _WILDCARDS:
+            # Listening everywhere: name this machine, which others can reach.
+            host = socket.gethostname()
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}/?token={self.token}"
 
     def set_log_path(self, path: str | None) -> None:
@@ -271,7 +429,7 @@ class Monitor:
         self._processes[proc.name] = info
         message = _json.encode({"type": "process", **info})
         for client in self.clients():
-            client.push_state(message)
+            client.push_state(proc.name, message)
 
     def clients(self) -> list[_Client]:
         with self._lock:
@@ -300,12 +458,15 @@ class Monitor:
         return self._page
 
     def check(self, target: str, origin: str | None) -> tuple[bool, str, int]:
-        """Whether a request may proceed: (allowed, source filter, level filter)."""
+        """Whether a request may proceed: (allowed, source filter, level filter).
+
+        ``origin`` is the request's ``Origin`` header (a browser sends one).
+        """
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
         token = (query.get("token") or [""])[0]
         if not hmac.compare_digest(token.encode(), self.token.encode()):
             return False, "*", 0
-        if origin is not None and origin not in self._origins():
+        if origin is not None and not self._origin_allowed(origin):
             return False, "*", 0
         source = (query.get("source") or ["*"])[0] or "*"
         try:
@@ -314,10 +475,31 @@ class Monitor:
             level = _level_number((query.get("level") or ["0"])[0])
         return True, source, level
 
-    def _origins(self) -> set[str]:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        names = {host, "localhost"} if host in ("127.0.0.1", "[::1]") else {host}
-        return {f"http://{name}:{self.port}" for name in names}
+    def _origin_allowed(self, origin: str) -> bool:
+        """A browser may connect only from the monitor's own page.
+
+        That page's origin is ``http://NAME:PORT`` with the monitor's port,
+        and NAME one that cannot be made to point elsewhere (DNS rebinding):
+        the address the monitor listens on, loopback, ``localhost`` or this
+        machine's own names; any IP address when it listens on all of them.
+        """
+        parts = urllib.parse.urlsplit(origin)
+        try:
+            port = parts.port
+        except ValueError:
+            return False
+        if parts.scheme != "http" or port != self.port or parts.hostname is None:
+            return False
+        name = parts.hostname.lower()
+        if name in {self.host.lower(), "localhost", "127.0.0.1", "::1", *_machine_names()}:
+            return True
+        if self.host not in _WILDCARDS:
+            return False
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
 
     async def serve(self, loop: LoopHandle) -> None:
         """Serve until the runner ends (a task of the runner)."""
@@ -327,16 +509,18 @@ class Monitor:
         else:
             await self._serve_asyncio()
 
-    def _attach(self, source: str, level: int) -> _Client:
+    def _attach(self, source: str, level: int) -> tuple[_Client, list[_Entry]]:
+        """A new client, and the recent entries from before it came (on the loop)."""
         assert self._loop is not None
         client = _Client(self._loop, source, level)
         with self._lock:
             self._clients.add(client)
             if self._idle.is_set():
                 self._idle = anyio.Event()
-        return client
+        return client, self.sink.attach(client)
 
     def _detach(self, client: _Client) -> None:
+        self.sink.detach(client)
         with self._lock:
             self._clients.discard(client)
             if not self._clients:
@@ -345,7 +529,8 @@ class Monitor:
     async def _talk(
         self,
         client: _Client,
-        send: Callable[[str], Any],
+        recent: list[_Entry],
+        send: Callable[[bytes], Awaitable[None]],
         receive: Callable[[], Any],
         closed: type[BaseException],
     ) -> None:
@@ -363,10 +548,10 @@ class Monitor:
                     except msgspec.DecodeError:
                         continue
                     if isinstance(request, dict) and request.get("type") == "filter":
-                        client.source = str(request.get("source") or "*")
                         level = request.get("level", 0)
-                        client.level = (
-                            level if isinstance(level, int) else _level_number(str(level))
+                        client.set_filter(
+                            str(request.get("source") or "*"),
+                            level if isinstance(level, int) else _level_number(str(level)),
                         )
             except closed:
                 pass
@@ -381,29 +566,32 @@ class Monitor:
             tg.start_soon(listen)
             tg.start_soon(ended)
             try:
-                await send(self._snapshot().decode())
-                recent = self._recent(client)
-                if recent is not None:
-                    await send(recent.decode())
+                await send(self._snapshot())
+                backlog = await anyio.to_thread.run_sync(_recent_rows, recent, client)
+                del recent
+                for message in _logs_messages(backlog):
+                    await send(message)
                 while True:
                     await client.wake.wait()
-                    for message in client.take():
-                        await send(message.decode())
-                    if client.ended:
-                        for message in client.take():
-                            await send(message.decode())
-                        await send('{"type":"end"}')
+                    client.wake = anyio.Event()
+                    more = True
+                    while more:
+                        last = client.ended
+                        # Lines are split and encoded off the loop, one message's
+                        # worth at a time.
+                        messages, more = await anyio.to_thread.run_sync(client.take, MESSAGE_ROWS)
+                        for message in messages:
+                            await send(message)
+                    if last:
+                        await send(b'{"type":"end"}')
                         break
+                    # At most SEND_RATE batches a second: during a flood, few
+                    # large messages cost both sides far less than many small.
+                    with anyio.move_on_after(1 / SEND_RATE):
+                        await self._ended.wait()
             except closed:
                 pass
             tg.cancel_scope.cancel()
-
-    def _recent(self, client: _Client) -> bytes | None:
-        """The last log records before the client came, as one message (or ``None``)."""
-        rows = [row for row in self.sink.recent_rows() if client.wants(row[0], row[2])]
-        if not rows:
-            return None
-        return _json.encode({"type": "logs", "records": rows})
 
     # -- asyncio: the websockets package ---------------------------------------------------------
 
@@ -414,7 +602,8 @@ class Monitor:
         from websockets.http11 import Request, Response
 
         def process_request(connection: ServerConnection, request: Request) -> Response | None:
-            allowed, _, _ = self.check(request.path, request.headers.get("Origin"))
+            headers = request.headers
+            allowed, _, _ = self.check(request.path, headers.get("Origin"))
             if not allowed:
                 return _response(403, b"forbidden\n", "text/plain")
             if request.headers.get("Upgrade", "").lower() != "websocket":
@@ -436,30 +625,49 @@ class Monitor:
         async def handler(connection: ServerConnection) -> None:
             request = connection.request
             assert request is not None
+            _bound_send_buffer(connection.transport.get_extra_info("socket"))
             _, source, level = self.check(request.path, None)
-            client = self._attach(source, level)
+            client, recent = self._attach(source, level)
+
+            async def send(message: bytes) -> None:
+                await connection.send(message, text=True)  # UTF-8 already
+
             try:
-                await self._talk(client, connection.send, connection.recv, ConnectionClosed)
+                await self._talk(client, recent, send, connection.recv, ConnectionClosed)
             finally:
                 self._detach(client)
 
-        async with serve(
+        server = await serve(
             handler,
-            self.host,
+            self.host or None,
             self.port,
             process_request=process_request,
             compression=None,
             server_header=None,
-            close_timeout=2,
-        ) as server:
+            close_timeout=1,
+            open_timeout=5,
+        )
+        try:
             sockets = list(server.sockets)
             self.port = sockets[0].getsockname()[1]
             self.bound.set()
             await self._ended.wait()
-            # The handlers send "end" and close; give them a moment, then close.
+            # The handlers send "end" and close; give them a moment.
             with anyio.move_on_after(2):
                 await self._idle.wait()
+        finally:
             server.close()
+            # A connection that says nothing (a browser's speculative one, half
+            # a request) or a client that reads nothing would hold the close
+            # up for the library's timeouts: give them one second, then cut.
+            with anyio.move_on_after(1):
+                await server.wait_closed()
+            for connection in list(server.all_connections):
+                transport = connection.transport
+                if transport is not None:
+                    transport.abort()
+            with anyio.move_on_after(1):
+                await server.wait_closed()
 
     # -- Trio: trio-websocket, with h11 in front for the page --------------------------------
 
@@ -469,6 +677,22 @@ class Monitor:
         import trio_websocket
 
         async def connection(stream: Any) -> None:
+            try:
+                await talk(stream)
+            except (
+                h11.ProtocolError,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+                trio_websocket.HandshakeError,
+                trio_websocket.ConnectionClosed,
+                OSError,
+            ):
+                pass  # a client that broke the protocol or went away: its own loss
+            finally:
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+
+        async def talk(stream: Any) -> None:
             conn = h11.Connection(h11.SERVER)
             received = bytearray()
             request = None
@@ -512,13 +736,18 @@ class Monitor:
                 await stream.send_all(reply)
                 await stream.aclose()
                 return
+            _bound_send_buffer(stream.socket)
             replay = _replay_stream(trio, stream, bytes(received))
             ws_request = await trio_websocket.wrap_server_stream(nursery, replay)
             ws = await ws_request.accept()
-            client = self._attach(source, level)
+            client, recent = self._attach(source, level)
+
+            async def send(message: bytes) -> None:
+                await ws.send_message(message.decode())
+
             try:
                 await self._talk(
-                    client, ws.send_message, ws.get_message, trio_websocket.ConnectionClosed
+                    client, recent, send, ws.get_message, trio_websocket.ConnectionClosed
                 )
             finally:
                 self._detach(client)
@@ -526,7 +755,7 @@ class Monitor:
                     await ws.aclose()
 
         async with trio.open_nursery() as nursery:
-            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host or None)
             self.port = listeners[0].socket.getsockname()[1]
             self.bound.set()
             nursery.start_soon(trio.serve_listeners, connection, listeners)
@@ -534,6 +763,21 @@ class Monitor:
             with trio.move_on_after(2):
                 await self._idle.wait()
             nursery.cancel_scope.cancel()
+
+
+#: The kernel send buffer of a monitor connection.  Left to the kernel, it
+#: grows to megabytes for a client that does not read, and the runner would
+#: prepare all of that for it; this much is a few thousand records.
+SEND_BUFFER: Final = 256 * 1024
+
+
+def _bound_send_buffer(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    except OSError:  # pragma: no cover - not a TCP socket
+        pass
 
 
 def _replay_stream(trio: Any, stream: Any, head: bytes) -> Any:
@@ -559,6 +803,19 @@ def _replay_stream(trio: Any, stream: Any, head: bytes) -> Any:
             await stream.aclose()
 
     return Replay()
+
+
+_WILDCARDS: Final = frozenset({"0.0.0.0", "::", ""})
+
+
+@functools.cache
+def _machine_names() -> frozenset[str]:
+    names = {socket.gethostname().lower()}
+    try:
+        names.add(socket.getfqdn().lower())
+    except OSError:  # pragma: no cover - getfqdn does not raise in practice
+        pass
+    return frozenset(names)
 
 
 def _level_number(name: str) -> int:

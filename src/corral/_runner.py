@@ -94,7 +94,7 @@ class Runner:
         log_dir: StrOrPath | None = None,
         propagate: bool = False,
         handle_signals: bool | None = None,
-        monitor: str | None = None,
+        monitor: str | bool | None = None,
     ) -> None:
         _check_name(name, "runner")
         if "." in name:
@@ -115,7 +115,7 @@ class Runner:
             else:
                 raise TypeError(f"handlers: {handler!r} is neither a logging.Handler nor a Route")
         self._monitor: Monitor | None = None
-        if monitor is not None:
+        if monitor is not None and monitor is not False:
             self._monitor = Monitor(monitor, name)
             routes.append(Route(MonitorSink(self._monitor)))
         self._hub = LogHub(
@@ -249,6 +249,11 @@ class Runner:
 
                 async def end_with_the_children() -> None:
                     await self._children_done.wait()
+                    # Their last lines may still be on their way to the sinks,
+                    # the monitor's among them: let them arrive first (bounded,
+                    # like the log service's own wait for a stuck handler).
+                    with anyio.move_on_after(10):
+                        await self._hub.delivered(self._hub.collector.mark())
                     monitor.end()
 
                 tg.start_soon(end_with_the_children)
@@ -848,7 +853,7 @@ def open_runner(
     log_dir: StrOrPath | None = None,
     propagate: bool = False,
     handle_signals: bool | None = None,
-    monitor: str | None = None,
+    monitor: str | bool | None = None,
 ) -> Runner:
     """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
 
@@ -887,10 +892,11 @@ def open_runner(
             ``True`` takes all three whoever holds them and raises
             :class:`KeyboardInterrupt` or :class:`Signalled` (for a
             command-line launcher); ``False`` never touches a handler.
-        monitor: ``"HOST:PORT"`` (``"127.0.0.1:0"`` for any free port on
-            loopback) starts a live monitor: a page for a browser and a
-            WebSocket feed of the processes and their logs, at
-            :attr:`Runner.monitor_url` (see :doc:`howto/monitor`).
+        monitor: ``"HOST:PORT"`` starts a live monitor there: a page for a
+            browser and a WebSocket feed of the processes and their logs, at
+            :attr:`Runner.monitor_url` (see :doc:`howto/monitor`).  ``True``
+            or a port alone (``"8765"``) listens on loopback; port 0 is any
+            free port.
     """
     return Runner(
         name=name,
