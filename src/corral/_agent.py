@@ -284,9 +284,8 @@ class _Config(msgspec.Struct, frozen=True):
 class _Link:
     """The agent's side of the connection, as a reporter of its workers."""
 
-    def __init__(self, stream: anyio.abc.SocketStream, index: int) -> None:
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
         self._stream = stream
-        self._index = index
         self._lock = anyio.Lock()
 
     async def send(self, frame: bytes) -> None:
@@ -311,7 +310,7 @@ async def _serve(config: _Config) -> None:
     name = f"agent-{index}"
     stream = await anyio.connect_tcp(config.address, config.port)
     async with stream:
-        link = _Link(stream, index)
+        link = _Link(stream)
         forward = ForwardSink(name, link.send)
         forward.setLevel(config.log_level)
         routes: list[Any] = [forward]

@@ -39,6 +39,8 @@ from typing import Final
 import msgspec
 
 from ._wire import (
+    _PREFIX,
+    _PREFIX_SIZE,
     ENV_SECRET,
     ENV_SOCKET,
     ENV_SOURCE,
@@ -46,8 +48,8 @@ from ._wire import (
     PROTOCOL_VERSION,
     Hello,
     Record,
+    _encoder,
     encode,
-    encode_record_into,
 )
 
 __all__ = [
@@ -64,6 +66,11 @@ __all__ = [
 _SEND_FLAGS: Final = getattr(socket, "MSG_NOSIGNAL", 0)
 
 _default_formatter: Final = logging.Formatter()
+# A record is encoded as the array a `Record` encodes to, tag first, without
+# building one, into a reused buffer after room for the length prefix, which is
+# then written in place: the frame of corral._wire, with no allocation.
+_encode_into: Final = _encoder.encode_into
+_pack_prefix: Final = _PREFIX.pack_into
 
 
 class CorralLogHandler(logging.Handler):
@@ -125,8 +132,7 @@ class CorralLogHandler(logging.Handler):
         if self._broken:
             return True
         try:
-            args = record.args
-            msg = record.msg if not args else record.getMessage()
+            msg = record.getMessage() if record.args else record.msg
             if type(msg) is not str:
                 msg = str(msg)
             if record.exc_info and not record.exc_text:
@@ -158,9 +164,11 @@ class CorralLogHandler(logging.Handler):
         with self._send_lock:
             buffer = self._buffer
             try:
-                encode_record_into(fields, buffer)
+                _encode_into(fields, buffer, _PREFIX_SIZE)
+                size = len(buffer) - _PREFIX_SIZE
+                _pack_prefix(buffer, 0, size)
                 frame: bytes | bytearray = buffer
-                if len(buffer) - 4 > MAX_FRAME:
+                if size > MAX_FRAME:
                     frame = self._slow_frame(record, msg)
             except (UnicodeEncodeError, TypeError, OverflowError):
                 try:
@@ -168,6 +176,19 @@ class CorralLogHandler(logging.Handler):
                 except Exception:
                     self.handleError(record)
                     return True
+            sock = self._sock
+            if sock is not None and frame is buffer:
+                # The usual case, inline: one send takes the whole frame.
+                try:
+                    sent = sock.send(buffer, _SEND_FLAGS)
+                except OSError:
+                    sent = 0  # _send below meets the error again, and reports it
+                except BaseException:
+                    self._drop_socket()
+                    raise
+                if sent == size + _PREFIX_SIZE:
+                    return True
+                frame = bytes(buffer[sent:])  # rare: no view may pin the reused buffer
             self._send(frame, record)
         return True
 

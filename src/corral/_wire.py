@@ -138,7 +138,6 @@ __all__ = [
     "WireError",
     "decode_hello",
     "encode",
-    "encode_record_into",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -239,19 +238,6 @@ def encode(msg: Message) -> bytes:
     # and converting that to bytes.
     payload = _encoder.encode(msg)
     return _PREFIX.pack(len(payload)) + payload
-
-
-def encode_record_into(fields: tuple[object, ...], buffer: bytearray) -> None:
-    """Encode a record given as a tuple of its fields into ``buffer``, as a whole frame.
-
-    ``fields`` holds `Record`'s fields in order, tag first (``("record", created,
-    level, ...)``): the very array a `Record` encodes to, without building one.  It
-    is what a sender calls once per logging call, so it avoids every allocation it
-    can: ``buffer`` is reused, the prefix is written in place.  The caller checks
-    the size against `MAX_FRAME`.
-    """
-    _encoder.encode_into(fields, buffer, _PREFIX_SIZE)
-    _PREFIX.pack_into(buffer, 0, len(buffer) - _PREFIX_SIZE)
 
 
 def _describe(payload: memoryview, exc: Exception) -> str:
