@@ -252,6 +252,8 @@ class _RunJob:
     async def __call__(self, r: Any, status: _Status) -> int:
         import corral
 
+        from ._process import RestartPolicy
+
         attempt = 0
         while True:
             try:
@@ -269,10 +271,11 @@ class _RunJob:
                     return _exit_code(failure.returncode if failure.returncode is not None else 1)
                 attempt += 1
                 status.restarts = attempt
-                delay = min(2.0 ** (attempt - 1), 30.0)
+                # The library's policy: 1 s doubled each time, with jitter, at most 30 s.
+                delay = RestartPolicy("on-failure", self.max_restarts).delay(attempt)
                 r._hub.log(
                     logging.WARNING,
-                    f"restarting the worker group in {delay:g} s (restart {attempt} of "
+                    f"restarting the worker group in {delay:.2f} s (restart {attempt} of "
                     f"{self.max_restarts}): {failure}",
                 )
                 await anyio.sleep(delay)
