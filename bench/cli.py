@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import signal
 import statistics
 import subprocess
@@ -43,6 +42,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import wait_all  # bench/ is on sys.path when a script runs
 
 TARGET = 0.150  # seconds, Ctrl-C to everything gone
 
@@ -91,25 +92,6 @@ except KeyboardInterrupt:
 def corral_argv() -> list[str]:
     script = Path(sys.executable).with_name("corral")
     return [str(script)] if script.exists() else [sys.executable, "-m", "corral._cli"]
-
-
-def wait_all(fds: list[int], timeout: float) -> dict[int, float]:
-    """Block until every pidfd is readable (its process has exited); when each became so."""
-    seen: dict[int, float] = {}
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    remaining = set(fds)
-    deadline = time.monotonic() + timeout
-    while remaining:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"{len(remaining)} processes still alive after {timeout} s")
-        for fd, _ in poller.poll(left * 1000):
-            seen[fd] = time.perf_counter()
-            remaining.discard(fd)
-            poller.unregister(fd)
-    return seen
 
 
 def ready_pids(launcher: subprocess.Popen[str], workers: int) -> list[int]:

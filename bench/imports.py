@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from _common import print_table  # bench/ is on sys.path when a script runs
+
 VARIANTS = {
     "bare interpreter": "pass",
     "import logging.handlers": "import logging.handlers",
@@ -86,15 +88,7 @@ def main() -> None:
         "target",
         "met",
     )
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-        for row in [header, *rows]:
-            print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    print_table(header, rows, args.markdown)
 
 
 if __name__ == "__main__":

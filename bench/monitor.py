@@ -31,6 +31,8 @@ import time
 import urllib.parse
 from typing import Any
 
+from _common import print_table  # bench/ is on sys.path when a script runs
+
 BACKENDS = ("asyncio", "trio")
 
 FLOOD = """
@@ -172,15 +174,7 @@ def main() -> None:
                 "yes" if ratio <= 1.10 else "**NO**",
             )
         )
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        for row in [header, *rows]:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    print_table(header, rows, args.markdown)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import signal
 import statistics
 import subprocess
@@ -50,6 +49,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import print_table, wait_all  # bench/ is on sys.path when a script runs
 
 TARGET_OVERHEAD = 0.150  # seconds
 
@@ -125,25 +126,6 @@ try:
 except KeyboardInterrupt:
     sys.exit(0)
 """
-
-
-def wait_all(fds: list[int], timeout: float) -> dict[int, float]:
-    """Block until every pidfd is readable (its process has exited); when each became so."""
-    seen: dict[int, float] = {}
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    remaining = set(fds)
-    deadline = time.monotonic() + timeout
-    while remaining:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"{len(remaining)} processes still alive after {timeout} s")
-        for fd, _ in poller.poll(left * 1000):
-            seen[fd] = time.perf_counter()
-            remaining.discard(fd)
-            poller.unregister(fd)
-    return seen
 
 
 def measure(argv: list[str], expect_children: int) -> tuple[float, float]:
@@ -268,15 +250,7 @@ def main() -> None:
         "target",
         "met",
     )
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-        for row in (header, *rows):
-            print("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)))
+    print_table(header, rows, args.markdown)
     print()
     print("all samples (ms):")
     for key, values in times.items():

@@ -14,8 +14,11 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import pytest
 from hypothesis import settings
 
@@ -29,14 +32,33 @@ if os.environ.get("CI"):
 
 
 class ListHandler(logging.Handler):
-    """Keeps every record it is handed (DEBUG and up unless told otherwise)."""
+    """Keeps every record it is handed (DEBUG and up unless told otherwise).
+
+    A test can wait for the records it expects with :meth:`wait_for`.
+    """
 
     def __init__(self, level: int = logging.DEBUG) -> None:
         super().__init__(level)
         self.records: list[logging.LogRecord] = []
+        self._changed = threading.Condition()
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+        with self._changed:
+            self.records.append(record)
+            self._changed.notify_all()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Whether ``predicate()`` came to hold within ``timeout`` seconds.
+
+        Waits in a worker thread, so that the event loop (and the runner's log
+        service, which calls :meth:`emit`) runs on meanwhile.
+        """
+
+        def wait() -> bool:
+            with self._changed:
+                return self._changed.wait_for(predicate, timeout)
+
+        return await anyio.to_thread.run_sync(wait)
 
     def messages(self, source: str | None = None) -> list[str]:
         """Messages of every record, or of one source's."""
@@ -239,3 +261,12 @@ def tag() -> Iterator[str]:
         except OSError:
             pass
     assert not leftovers, f"processes outlived the test: {leftovers}"
+
+
+def release(fifo: Path) -> None:
+    """Let a child blocked in ``read x < fifo`` go on (blocks until it opened the FIFO)."""
+    fd = os.open(fifo, os.O_WRONLY)
+    try:
+        os.write(fd, b"go\n")
+    finally:
+        os.close(fd)

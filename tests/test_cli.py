@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import pyte
 import pytest
-from tests.conftest import TAG_VAR, tagged_pids, wait_gone
+from tests.conftest import TAG_VAR, release, tagged_pids, wait_gone
 
 if TYPE_CHECKING:
     import _hosts
@@ -106,15 +106,6 @@ def messages(lines: Iterable[str], source: str) -> list[str]:
 
 def sh(script: str) -> list[str]:
     return ["sh", "-c", script]
-
-
-def release(fifo: Path) -> None:
-    """Let a worker blocked in ``read x < fifo`` go on (waits until it has the FIFO open)."""
-    fd = os.open(fifo, os.O_WRONLY)
-    try:
-        os.write(fd, b"go\n")
-    finally:
-        os.close(fd)
 
 
 def make_fifos(folder: Path, count: int) -> list[Path]:

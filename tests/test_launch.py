@@ -61,12 +61,6 @@ class Lines(ListHandler):
 
     def __init__(self) -> None:
         super().__init__(logging.NOTSET)
-        self._changed = threading.Condition()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with self._changed:
-            super().emit(record)
-            self._changed.notify_all()
 
     def stdout(self, prefix: str = "") -> list[logging.LogRecord]:
         """The stdout lines of every source that start with ``prefix``."""
@@ -78,13 +72,9 @@ class Lines(ListHandler):
                 and r.getMessage().startswith(prefix)
             ]
 
-    def _wait(self, prefix: str, count: int, timeout: float) -> bool:
-        with self._changed:
-            return self._changed.wait_for(lambda: len(self.stdout(prefix)) >= count, timeout)
-
     async def until(self, prefix: str, count: int, timeout: float = 30.0) -> None:
-        """Wait (in a thread: the loop runs on) for ``count`` stdout lines starting ``prefix``."""
-        if not await anyio.to_thread.run_sync(self._wait, prefix, count, timeout):
+        """Wait for ``count`` stdout lines starting with ``prefix``."""
+        if not await self.wait_for(lambda: len(self.stdout(prefix)) >= count, timeout):
             seen = [r.getMessage() for r in self.records]
             raise AssertionError(f"{count} lines starting {prefix!r} did not come: {seen}")
 

@@ -19,14 +19,13 @@ import logging
 import os
 import re
 import statistics
-import threading
 import time
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 import pytest
-from tests.conftest import TAG_VAR, ListHandler
+from tests.conftest import TAG_VAR, ListHandler, release
 
 import corral
 import corral._process
@@ -49,12 +48,6 @@ class Records(ListHandler):
 
     def __init__(self) -> None:
         super().__init__(logging.NOTSET)
-        self._changed = threading.Condition()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with self._changed:
-            super().emit(record)
-            self._changed.notify_all()
 
     def matching(self, pattern: re.Pattern[str], source: str = "t") -> list[logging.LogRecord]:
         """The records of ``source`` whose whole message matches ``pattern``."""
@@ -66,21 +59,8 @@ class Records(ListHandler):
             ]
 
     async def until(self, pattern: re.Pattern[str], count: int = 1, timeout: float = 10) -> None:
-        def wait() -> bool:
-            with self._changed:
-                return self._changed.wait_for(lambda: len(self.matching(pattern)) >= count, timeout)
-
-        if not await anyio.to_thread.run_sync(wait):
+        if not await self.wait_for(lambda: len(self.matching(pattern)) >= count, timeout):
             raise AssertionError(f"no {count} records like {pattern.pattern!r}: {self.messages()}")
-
-
-def release(fifo: Path) -> None:
-    """Let a child blocked in ``read x < fifo`` go on (blocks until it opened the FIFO)."""
-    fd = os.open(fifo, os.O_WRONLY)
-    try:
-        os.write(fd, b"go\n")
-    finally:
-        os.close(fd)
 
 
 def runs(lines: list[str]) -> list[tuple[int, int]]:
