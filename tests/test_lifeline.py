@@ -103,3 +103,40 @@ async def test_early_child_outlives_idle_worker_threads(tag: str) -> None:
         assert is_alive(p.pid)
         await p.stop()
     assert p.returncode == -signal.SIGTERM
+
+
+@pytest.mark.timeout(30)
+def test_a_child_still_on_its_way_to_exec_when_the_launcher_dies_is_found(tag: str) -> None:
+    # Between fork and exec a child's environment is still its parent's, without
+    # the lifeline's marker: a launcher killed in that window must not leave it
+    # alive once it has exec'd.  Played out slowly here: a process that shows no
+    # marker for 0.3 s and then execs into one that carries it.
+    from corral._lifeline import Lifeline
+
+    lifeline = Lifeline()
+    lifeline.start()
+    helper = lifeline.pid
+    assert helper is not None
+    env = {TAG_VAR.encode(): tag.encode()}
+    lifeline.announce(env)
+    code = (
+        "import os, sys, time; time.sleep(0.3); "
+        "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "{k.encode(): v.encode() for k, v in eval(sys.argv[1]).items()})"
+    )
+    marked = {k.decode(): v.decode() for k, v in env.items()}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, repr(marked)], env={**os.environ, TAG_VAR: tag}
+    )
+    try:
+        sock = lifeline._sock
+        assert sock is not None
+        sock.close()  # the launcher's end closes, as when it dies
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        os.waitpid(helper, 0)
+        assert lifeline._pidfd is not None
+        os.close(lifeline._pidfd)

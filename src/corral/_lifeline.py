@@ -34,9 +34,12 @@ returns end-of-file, the runner's process is gone — or the runner closed its
 end on a clean exit — and the helper sends SIGKILL to every group still on
 its list and to every process in ``/proc`` that carries the marker of a child
 that was announced but not registered, removes the folders on its list, and
-exits.  End-of-file arrives the moment the kernel closes the dead launcher's
-descriptors, so children and grandchildren die within milliseconds, whatever
-thread spawned them.
+exits.  (A child between fork and exec still shows the launcher's
+environment, without its marker; so while an announced child is not found,
+the helper looks again every 10 ms for up to 2 s: long enough for it to
+exec, or for its spawn to have failed.)  End-of-file arrives the moment the
+kernel closes the dead launcher's descriptors, so children and grandchildren
+die within milliseconds, whatever thread spawned them.
 
 Descendants that left their process group (a daemon that called ``setsid``)
 are *not* killed: a process that puts itself in a new session has asked to
@@ -110,8 +113,13 @@ for pgid in groups:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
-if pending:
-    wanted = {b"CORRAL_LIFELINE=" + marker + b"." + n for n in pending}
+# A child being spawned shows its marker only once it has exec'd: between fork
+# and exec its environment is still the launcher's.  So look again, briefly,
+# until every spawn in flight is found (or had time to exec, or to fail).
+wanted = {b"CORRAL_LIFELINE=" + marker + b"." + n for n in pending}
+import time
+deadline = time.monotonic() + 2.0
+while wanted and time.monotonic() < deadline:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -120,13 +128,17 @@ if pending:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if wanted.intersection(env):
+        found = wanted.intersection(env)
+        if found:
+            wanted -= found
             pid = int(entry)
             for kill in (os.killpg, os.kill):
                 try:
                     kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+    if wanted:
+        time.sleep(0.01)
 if folders:
     import shutil
     for folder in folders:
