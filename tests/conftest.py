@@ -94,43 +94,48 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped in CI, which must run every test: {report.longrepr}"
 
 
+_GONE = (b"Z", b"X")  # zombie, dead: not running any more
+
+
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the name (state, ppid, pgid...), or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process there is: its pid and the fields of its stat."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(entry)
+            if fields is not None:
+                yield int(entry), fields
+
+
 def tagged_pids(tag: str) -> list[int]:
     """Pids of live (non-zombie) processes whose environment carries ``CORRAL_TEST_TAG=tag``."""
     needle = f"{TAG_VAR}={tag}".encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for pid, fields in _processes():
+        if fields[0] in _GONE:
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read()
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
         except OSError:
             continue
-        state = stat[stat.rfind(b")") + 2 :].split()[0]
-        if state in (b"Z", b"X"):
-            continue
         if needle in env.split(b"\0"):
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 
 def group_members(pgid: int) -> list[int]:
     """Pids of live (non-zombie) processes in process group ``pgid``."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+    return [pid for pid, f in _processes() if f[0] not in _GONE and int(f[2]) == pgid]
 
 
 def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
@@ -161,28 +166,13 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
 
 
 def is_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in _GONE
 
 
 def children_of(pid: int) -> list[int]:
     """Pids of the direct children of ``pid`` (zombies included: an unreaped child leaks too)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rfind(b")") + 2 :].split()[1]) == pid:
-            found.append(int(entry))
-    return found
+    return [child for child, fields in _processes() if int(fields[1]) == pid]
 
 
 def open_fds() -> set[int]:

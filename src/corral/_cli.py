@@ -116,6 +116,19 @@ class _Output:
     status: bool
     monitor: str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        log_dir: str | None,
+        no_prefix: bool,
+        no_color: bool,
+        no_status: bool,
+        monitor: str | None,
+    ) -> _Output:
+        """From the shared options, as click gives them."""
+        colour = False if no_color else None
+        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor))
+
 
 def _output_options(func: Any) -> Any:
     for option in reversed(
@@ -232,9 +245,7 @@ def run(
             slurm_hosts()
         except (RuntimeError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
-    output = _Output(
-        log_dir, not no_prefix, False if no_color else None, not no_status, _monitor(monitor)
-    )
+    output = _Output.of(log_dir, no_prefix, no_color, no_status, monitor)
     job = _RunJob(list(command), nproc, host_list, ssh, restart, max_restarts, grace)
     _main_loop(name, output, job)
 
@@ -392,9 +403,7 @@ def up(
             raise ProcfileError(f"the env file {env_file} does not exist")
         env.update({k: v for k, v in dotenv_values(env_file).items() if v is not None})
     base = port or int(env.get("PORT") or os.environ.get("PORT") or 5000)
-    output = _Output(
-        log_dir, not no_prefix, False if no_color else None, not no_status, _monitor(monitor)
-    )
+    output = _Output.of(log_dir, no_prefix, no_color, no_status, monitor)
     _main_loop(name, output, _UpJob(selected, counts, env, base, grace))
 
 

@@ -329,6 +329,11 @@ class MonitorSink(_BlockSink):
         self._lock = threading.Lock()
         self._clients: list[_Client] = []
 
+    @property
+    def clients(self) -> list[_Client]:
+        """The connected clients (a list that is replaced, never changed: safe to iterate)."""
+        return self._clients
+
     def attach(self, client: _Client) -> list[_Entry]:
         """Add ``client``; return the recent entries, which it is not pushed."""
         with self._lock:
@@ -399,8 +404,6 @@ class Monitor:
         self._runner_name = runner_name
         self._log_path: str | None = None
         self._processes: dict[str, dict[str, Any]] = {}
-        self._clients: set[_Client] = set()
-        self._lock = threading.Lock()
         self._loop: LoopHandle | None = None
         self.bound = anyio.Event()
         self._ended = anyio.Event()
@@ -432,8 +435,7 @@ class Monitor:
             client.push_state(proc.name, message)
 
     def clients(self) -> list[_Client]:
-        with self._lock:
-            return list(self._clients)
+        return self.sink.clients
 
     def end(self) -> None:
         """The runner has ended: tell every client, then close."""
@@ -513,18 +515,14 @@ class Monitor:
         """A new client, and the recent entries from before it came (on the loop)."""
         assert self._loop is not None
         client = _Client(self._loop, source, level)
-        with self._lock:
-            self._clients.add(client)
-            if self._idle.is_set():
-                self._idle = anyio.Event()
+        if self._idle.is_set():
+            self._idle = anyio.Event()
         return client, self.sink.attach(client)
 
     def _detach(self, client: _Client) -> None:
         self.sink.detach(client)
-        with self._lock:
-            self._clients.discard(client)
-            if not self._clients:
-                self._idle.set()
+        if not self.sink.clients:
+            self._idle.set()
 
     async def _talk(
         self,

@@ -241,7 +241,33 @@ class BufferedReceiveStream(ByteReceiveStream):
         self._room.set()
 
 
-class PipeReceiveStream(ByteReceiveStream):
+class _PipeEnd:
+    """A pipe descriptor of ours, non-blocking, listed in the runner's registry until closed.
+
+    The registry holds what is still open, so that the runner can close
+    what its user left open once every child has exited.
+    """
+
+    def __init__(self, fd: int, registry: set[Any]) -> None:
+        self._fd = fd
+        self._registry = registry
+        registry.add(self)
+        self._closed = False
+        os.set_blocking(fd, False)
+
+    async def aclose(self) -> None:
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._registry.discard(self)
+            anyio.notify_closing(self._fd)
+            os.close(self._fd)
+
+
+class PipeReceiveStream(_PipeEnd, ByteReceiveStream):
     """The read end of a child's stdout or stderr pipe (``PIPE`` with :meth:`Runner.start`).
 
     Ends (:class:`anyio.EndOfStream`) at end-of-file, or once the child has
@@ -250,13 +276,9 @@ class PipeReceiveStream(ByteReceiveStream):
     """
 
     def __init__(self, fd: int, registry: set[Any]) -> None:
-        self._fd = fd
-        self._registry = registry
-        registry.add(self)
+        super().__init__(fd, registry)
         self._exited = False
-        self._closed = False
         self._scope: anyio.CancelScope | None = None
-        os.set_blocking(fd, False)
 
     def child_exited(self) -> None:
         self._exited = True
@@ -283,27 +305,9 @@ class PipeReceiveStream(ByteReceiveStream):
             await anyio.lowlevel.checkpoint()
             return data
 
-    async def aclose(self) -> None:
-        self.close()
-        await anyio.lowlevel.checkpoint()
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._registry.discard(self)
-            anyio.notify_closing(self._fd)
-            os.close(self._fd)
-
-
-class PipeSendStream(ByteSendStream):
+class PipeSendStream(_PipeEnd, ByteSendStream):
     """The write end of a child's stdin pipe (``stdin=PIPE``)."""
-
-    def __init__(self, fd: int, registry: set[Any]) -> None:
-        self._fd = fd
-        self._registry = registry
-        registry.add(self)
-        self._closed = False
-        os.set_blocking(fd, False)
 
     async def send(self, item: bytes) -> None:
         view = memoryview(item)
@@ -324,14 +328,3 @@ class PipeSendStream(ByteSendStream):
 
     async def send_eof(self) -> None:
         await self.aclose()
-
-    async def aclose(self) -> None:
-        self.close()
-        await anyio.lowlevel.checkpoint()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._registry.discard(self)
-            anyio.notify_closing(self._fd)
-            os.close(self._fd)
