@@ -56,10 +56,11 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
+
+from _common import print_header, run_workers  # bench/ is on sys.path when a script runs
 
 BACKENDS = ("asyncio", "trio")
 NOOP_RATIO = 1.5  # (a): launch <= 1.5 x the spawn pool
@@ -237,31 +238,10 @@ def main() -> None:
         _worker_main(args)
         return
 
-    import importlib.metadata
-    import importlib.util
-
-    spec = importlib.util.find_spec("corral")
-    where = os.path.dirname(spec.origin) if spec and spec.origin else "?"
-    versions = ", ".join(
-        f"{name} {importlib.metadata.version(name)}"
-        for name in ("anyio", "trio", "cloudpickle", "msgspec")
-    )
-    print(
-        f"# corral launch benchmarks  ({time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {versions})"
-    )
-    print(f"# command: python bench/launch.py {' '.join(sys.argv[1:])}".rstrip())
-    print(f"# corral measured: {where}")
-    print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    sys.stdout.flush()
-
+    packages = ("anyio", "trio", "cloudpickle", "msgspec")
+    print_header("corral launch benchmarks", "launch.py", packages)
     backends = BACKENDS if args.backend == "both" else (args.backend,)
-    results: dict[str, dict[str, Any]] = {}
-    for backend in backends:
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker"]
-        cmd += ["--backend", backend]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
-        results[backend] = json.loads(done.stdout.strip().splitlines()[-1])
+    results: dict[str, dict[str, Any]] = run_workers(os.path.abspath(__file__), backends)
 
     med = statistics.median
     header = ["backend", "measure", "measured", "baseline", "ratio", "target", "met"]

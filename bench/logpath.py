@@ -127,7 +127,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from _ticker import Ticker  # bench/ is on sys.path when a script runs
+from _common import print_header, run_workers  # bench/ is on sys.path when a script runs
+from _ticker import Ticker
 
 BACKENDS = ("asyncio", "trio")
 
@@ -854,30 +855,9 @@ def main() -> None:
         _worker_main(args)
         return
 
-    import importlib.metadata
-    import importlib.util
-
-    spec = importlib.util.find_spec("corral")
-    where = os.path.dirname(spec.origin) if spec and spec.origin else "?"
-    versions = ", ".join(
-        f"{name} {importlib.metadata.version(name)}" for name in ("anyio", "trio", "msgspec")
-    )
-    print(
-        f"# corral log path benchmarks  ({time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {versions})"
-    )
-    print(f"# command: python bench/logpath.py {' '.join(sys.argv[1:])}".rstrip())
-    print(f"# corral measured: {where}")
-    print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    sys.stdout.flush()
-
+    print_header("corral log path benchmarks", "logpath.py", ("anyio", "trio", "msgspec"))
     backends = BACKENDS if args.backend == "both" else (args.backend,)
-    results: dict[str, dict[str, Any]] = {}
-    for backend in backends:
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker"]
-        cmd += ["--backend", backend]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
-        results[backend] = json.loads(done.stdout.strip().splitlines()[-1])
+    results: dict[str, dict[str, Any]] = run_workers(os.path.abspath(__file__), backends)
 
     md = args.markdown
     failures: list[str] = []
