@@ -94,21 +94,32 @@ SSH_OPTIONS = (
 # Names of the hosts' namespaces and links, and their subnets: host i (from 1) is the namespace
 # ``corral-h<i>`` with address 10.213.<i>.2, reached through the link ``corral-h<i>r`` whose
 # root-side address is 10.213.<i>.1.
-SSH_HOST_COUNT = 2
-NETNS_PREFIX = "corral-h"
-SUBNET_PREFIX = "10.213"
+#
+# Several test sessions can have these fixtures up on one machine at once (several checkouts
+# tested side by side) when each sets ``CORRAL_TEST_SLOT`` to its own digit: slot ``k`` shifts
+# every fixed name, subnet and port below.  Slot 0, the default, uses the names as written.
+_SLOT = os.environ.get("CORRAL_TEST_SLOT", "0")
+if not (len(_SLOT) == 1 and _SLOT.isdigit()):
+    raise RuntimeError(f"CORRAL_TEST_SLOT must be one digit, not {_SLOT!r}")
+SLOT = int(_SLOT)
+_SLOT_TAG = "" if SLOT == 0 else str(SLOT)
 
-# The Slurm cluster: its fake nodes, and fixed ports unlikely to be in use.
+SSH_HOST_COUNT = 2
+NETNS_PREFIX = f"corral{_SLOT_TAG}-h"
+SUBNET_PREFIX = f"10.{213 + SLOT}"
+
+# The Slurm cluster: its fake nodes, and fixed ports unlikely to be in use.  The node names are
+# the same in every slot (they all resolve to 127.0.0.1); each slot has its own controller.
 SLURM_NODES = ("n1", "n2")
-SLURMCTLD_PORT = 16817
-SLURMD_FIRST_PORT = 16818
+SLURMCTLD_PORT = 16817 + 100 * SLOT
+SLURMD_FIRST_PORT = SLURMCTLD_PORT + 1
 ETC_HOSTS = Path("/etc/hosts")
-ETC_HOSTS_MARK = "# added by corral's tests (tests/_hosts.py)"
+ETC_HOSTS_MARK = f"# added by corral's tests (tests/_hosts.py){_SLOT_TAG and f' slot {SLOT}'}"
 
 # Private directories are named <prefix><pid of the pytest process>-<random>, so that a later
 # session can tell those of a crashed session (whose pid is gone) from those of a live one.
-SSH_DIR_PREFIX = "corral-sshhosts-"
-SLURM_DIR_PREFIX = "corral-slurm-"
+SSH_DIR_PREFIX = f"corral{_SLOT_TAG}-sshhosts-"
+SLURM_DIR_PREFIX = f"corral{_SLOT_TAG}-slurm-"
 
 
 # --------------------------------------------------------------------------------------------
@@ -828,15 +839,16 @@ def _add_etc_hosts(undo: contextlib.ExitStack, names: Iterable[str]) -> None:
     crashed session added (they carry :data:`ETC_HOSTS_MARK`) are dropped first, and are not put
     back.
     """
-    original = ETC_HOSTS.read_text()
-    kept = "".join(
-        line
-        for line in original.splitlines(keepends=True)
-        if not line.rstrip().endswith(ETC_HOSTS_MARK)
-    )
-    undo.callback(_rewrite, ETC_HOSTS, kept)
+    kept = _without_our_lines(ETC_HOSTS.read_text())
+    undo.callback(lambda: _rewrite(ETC_HOSTS, _without_our_lines(ETC_HOSTS.read_text())))
     separator = "" if kept.endswith("\n") or not kept else "\n"
     _rewrite(ETC_HOSTS, f"{kept}{separator}127.0.0.1 {' '.join(names)}  {ETC_HOSTS_MARK}\n")
+
+
+def _without_our_lines(text: str) -> str:
+    """``text`` without the lines this slot's sessions added (other slots' lines stay)."""
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not line.rstrip().endswith(ETC_HOSTS_MARK))
 
 
 def _rewrite(path: Path, text: str) -> None:
