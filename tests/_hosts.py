@@ -145,6 +145,40 @@ class SshHost:
         """An argv that runs ``cmd`` inside the host's namespace without going through ssh."""
         return ["ip", "netns", "exec", self.name, *cmd]
 
+    @contextlib.contextmanager
+    def cut(self, *, outgoing: bool = True, incoming: bool = True) -> Iterator[None]:
+        """Pull the host's cable for the block: its packets vanish, silently, and nobody is told.
+
+        Each direction is cut by a ``blackhole`` queueing discipline on the sending end of the
+        host's veth pair, which drops every packet while telling the sender it went out: no
+        reset, no ICMP error, no link-down event, the TCP connections stay "established" on both
+        sides and just hear nothing, as when a cable is pulled or a switch dies.  ``outgoing``
+        cuts what the host sends, ``incoming`` what it receives (one of them alone: a half-open
+        link).  The link is restored when the block ends, however it ends.
+        """
+        try:
+            if incoming:
+                _run(["tc", "qdisc", "add", "dev", self.root_link, "root", "blackhole"])
+            if outgoing:
+                _run(["tc", "-n", self.name, "qdisc", "add", "dev", "eth0", "root", "blackhole"])
+            yield
+        finally:
+            self.restore()
+
+    def restore(self) -> None:
+        """Undo any :meth:`cut` of the host's link (also one made from inside the host)."""
+        for argv in (
+            ["tc", "qdisc", "del", "dev", self.root_link, "root"],
+            ["tc", "-n", self.name, "qdisc", "del", "dev", "eth0", "root"],
+        ):
+            # "No such file or directory" when that direction was not cut: nothing to undo.
+            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+
+    @property
+    def root_link(self) -> str:
+        """The root namespace's end of the host's veth pair."""
+        return f"{self.name}r"
+
 
 @dataclasses.dataclass(frozen=True)
 class SshHosts:
