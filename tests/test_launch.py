@@ -1031,8 +1031,9 @@ def assert_launch_error(exc: BaseException, said: str) -> None:
     assert isinstance(exc, corral.LaunchError), exception_text(exc)
 
 
-UNREACHABLE = r"connect to host 10\.213\.1\.254 port 22: (Connection timed out|No route to host)"
-REFUSED = r"connect to host 10\.213\.1\.2 port 2222: Connection refused"
+# {subnet} is the test hosts' subnet prefix (it depends on CORRAL_TEST_SLOT).
+UNREACHABLE = r"connect to host {subnet}\.1\.254 port 22: (Connection timed out|No route to host)"
+REFUSED = r"connect to host {subnet}\.1\.2 port 2222: Connection refused"
 UNKNOWN = r"Could not resolve hostname no-such-host\.invalid"
 NO_PYTHON = r"/nonexistent/python3: No such file or directory"
 
@@ -1076,7 +1077,8 @@ async def test_agent_that_cannot_start(
     exc, took = await failed_launch(hosts, ssh, tag, **more)
     assert took < 2.0 + 1.5, f"took {took:.2f} s"
     assert tagged_pids(tag) == []
-    assert_launch_error(exc, said)
+    subnet = re.escape(ssh_hosts.addresses[0].rsplit(".", 2)[0])
+    assert_launch_error(exc, said.replace("{subnet}", subnet))
 
 
 FAILING_LAUNCHER = """
