@@ -16,10 +16,18 @@ corral._agent``, started over ssh or srun, which:
   (:class:`ForwardSink`, a destination of its runner's log service), with
   backpressure: a slow link slows the workers, nothing is dropped; records
   below the launch's ``log_level`` stay on the host, in per-worker files;
-* watches its link: if the connection to the launcher drops, or (under ssh)
-  its stdin reaches end-of-file because the ssh client died, it stops its
-  workers at once (a killed ssh client does not stop the remote command; the
-  agent has to notice by itself).
+* watches its link (:class:`corral._link.Link`): heartbeats both ways, and
+  a deadline.  If the connection to the launcher closes, breaks, or stays
+  silent past ``link_timeout``, nobody is left to report to: it stops its
+  workers at once (their grace, at most 1 s) and exits.  A killed ssh client
+  does not stop the remote command, and a pulled cable does not even close
+  the connection; the agent has to notice by itself.
+* under ssh, watches its standard input too: end-of-file there means the ssh
+  client is gone.  The launcher may still be there (its link says so), so
+  the agent tells it (``Stopping``), stops its workers with the job's grace,
+  and confirms (``AgentDone``).
+
+It gives up dialing back after the launch's ``start_timeout``.
 """
 
 from __future__ import annotations
@@ -78,30 +86,59 @@ class HostWorkers:
         self._python = python
         self._cwd = cwd
         self._procs: list[Process] = []
+        self._stopping: float | None = None  # the grace of a stop under way
 
     @property
     def processes(self) -> list[Process]:
         return list(self._procs)
 
     async def run(self, job: _link.Job, reporter: Reporter) -> None:
-        """Start every worker of ``job`` on this host; return when all have exited."""
+        """Start every worker of ``job`` on this host; return when all have exited.
+
+        Once :meth:`stop` was called, no further worker starts, and one whose
+        start was under way is stopped as soon as it is up.
+        """
         async with anyio.create_task_group() as tg:
             for local_rank in range(job.workers):
+                if self._stopping is not None:
+                    break
                 if job.argv:
                     proc = await self._start_command(job, local_rank)
                     self._procs.append(proc)
                     tg.start_soon(self._report_exit, proc, local_rank, reporter)
-                    continue
-                proc, results = await self._start(job, local_rank)
-                self._procs.append(proc)
-                tg.start_soon(self._supervise, proc, results, local_rank, job.payload, reporter)
+                else:
+                    proc, results = await self._start(job, local_rank)
+                    self._procs.append(proc)
+                    tg.start_soon(self._supervise, proc, results, local_rank, job.payload, reporter)
+                if self._stopping is not None:
+                    tg.start_soon(proc.stop, self._stopping)
 
     async def stop(self, grace: float) -> None:
-        """Stop every worker that still runs (stop signal, grace, SIGKILL), all at once."""
+        """Stop every worker that still runs (stop signal, grace, SIGKILL), all at once.
+
+        Also keeps :meth:`run` from starting any more.  Called again while a
+        stop is under way (the link was lost meanwhile, say), it sends no
+        second stop signal: the shorter grace brings SIGKILL forward.
+        """
+        first = self._stopping is None
+        self._stopping = grace if self._stopping is None else min(grace, self._stopping)
         async with anyio.create_task_group() as tg:
             for proc in self._procs:
                 if proc.returncode is None:
-                    tg.start_soon(proc.stop, grace)
+                    tg.start_soon(self._stop_one if first else self._hasten, proc, grace)
+
+    @staticmethod
+    async def _stop_one(proc: Process, grace: float) -> None:
+        await proc.stop(grace)
+
+    @staticmethod
+    async def _hasten(proc: Process, grace: float) -> None:
+        """A stop of ``proc`` is under way: SIGKILL it if it still runs ``grace`` s from now."""
+        with anyio.move_on_after(grace):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
     @staticmethod
     def _environment(job: _link.Job, local_rank: int) -> dict[str, str | None]:
@@ -238,7 +275,7 @@ class ForwardSink(_BlockSink):
     def _forward(self, message: _link.LinkMessage) -> None:
         try:
             anyio.from_thread.run(self._send, _link.encode(message))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except (_link.LinkLost, anyio.RunFinishedError):
             pass  # the link is gone: the agent is stopping its workers
 
     def write_lines(
@@ -279,27 +316,35 @@ class _Config(msgspec.Struct, frozen=True):
     watch_stdin: bool = True
     log_level: int = 0
     log_dir: str | None = None
+    start_timeout: float = 60.0  # to dial back
+    link_timeout: float = _link.DEFAULT_LINK_TIMEOUT
 
 
-class _Link:
-    """The agent's side of the connection, as a reporter of its workers."""
+class _Link(_link.Link):
+    """The agent's side of the link, as the reporter of its workers.
 
-    def __init__(self, stream: anyio.abc.SocketStream) -> None:
-        self._stream = stream
-        self._lock = anyio.Lock()
+    A report that cannot be sent is dropped: the link is gone, and the agent
+    is stopping its workers anyway.
+    """
 
-    async def send(self, frame: bytes) -> None:
-        async with self._lock:
-            await self._stream.send(frame)
+    async def _report(self, message: _link.LinkMessage) -> None:
+        try:
+            await self.send(message)
+        except _link.LinkLost:
+            pass
 
     async def result(self, host: int, message: _link.WorkerResult) -> None:
-        await self.send(_link.encode(message))
+        await self._report(message)
 
     async def error(self, host: int, message: _link.WorkerError) -> None:
-        await self.send(_link.encode(message))
+        await self._report(message)
 
     async def exited(self, host: int, message: _link.WorkerExit) -> None:
-        await self.send(_link.encode(message))
+        await self._report(message)
+
+
+class _AgentExit(Exception):
+    """The agent cannot go on; the message says why (for its stderr)."""
 
 
 async def _serve(config: _Config) -> None:
@@ -308,9 +353,30 @@ async def _serve(config: _Config) -> None:
     index = config.index if config.index >= 0 else int(os.environ.get("SLURM_NODEID", "0"))
     host = config.host or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     name = f"agent-{index}"
-    stream = await anyio.connect_tcp(config.address, config.port)
-    async with stream:
-        link = _Link(stream)
+    with anyio.move_on_after(config.start_timeout) as dialing:
+        try:
+            stream = await anyio.connect_tcp(config.address, config.port)
+        except OSError as exc:
+            raise _AgentExit(
+                f"cannot dial back to the launcher at {config.address}:{config.port}: {exc}"
+            ) from None
+    if dialing.cancelled_caught:
+        raise _AgentExit(
+            f"cannot dial back to the launcher at {config.address}:{config.port}: "
+            f"no answer within {config.start_timeout:g} s (start_timeout)"
+        )
+    lost: str | None = None
+    async with stream, anyio.create_task_group() as tg:
+        link = _Link(stream, config.link_timeout)
+        # The hello first, at once: the launcher gives a connection only a
+        # few seconds to say who it is.
+        try:
+            await link.send(
+                _link.AgentHello(_link.LINK_VERSION, config.secret, index, host, os.getpid())
+            )
+        except _link.LinkLost as exc:
+            raise _AgentExit(f"the launcher {exc.reason}") from None
+        tg.start_soon(link.beat)
         forward = ForwardSink(name, link.send)
         forward.setLevel(config.log_level)
         routes: list[Any] = [forward]
@@ -321,42 +387,49 @@ async def _serve(config: _Config) -> None:
             log_dir=config.log_dir,
             handle_signals=True,
         ) as runner:
-            await link.send(
-                _link.encode(
-                    _link.AgentHello(_link.LINK_VERSION, config.secret, index, host, os.getpid())
-                )
-            )
             port = _free_port() if index == 0 else 0
-            await link.send(_link.encode(_link.Ready(port)))
+            try:
+                await link.send(_link.Ready(port))
+            except _link.LinkLost as exc:
+                raise _AgentExit(f"the launcher {exc.reason}") from None
             workers = HostWorkers(
                 runner, host=index, prefix="", python=config.python or sys.executable
             )
-            await _obey(runner, stream, link, workers, forward, config)
+            lost = await _obey(link, workers, config)
+            if lost is not None:
+                runner.cancel()
+        tg.cancel_scope.cancel()
+    if lost is not None:
+        raise _AgentExit(f"the launcher {lost}; stopped the workers")
 
 
-async def _obey(
-    runner: Any,
-    stream: anyio.abc.SocketStream,
-    link: _Link,
-    workers: HostWorkers,
-    forward: ForwardSink,
-    config: _Config,
-) -> None:
-    decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
+async def _obey(link: _Link, workers: HostWorkers, config: _Config) -> str | None:
+    """Do what the launcher says until the work is done; why the link was lost, if it was."""
     done = anyio.Event()
-    grace = 5.0
+    grace = 5.0  # until a job says otherwise
     job_started = False
+    lost: str | None = None
 
-    async def run_job(job: _link.Job) -> None:
-        nonlocal grace
-        grace = job.grace
-        await workers.run(job, link)
-        await link.send(_link.encode(_link.AgentDone()))
+    async def confirm() -> None:
+        try:
+            await link.send(_link.AgentDone())
+        except _link.LinkLost:
+            pass
         done.set()
 
+    async def run_job(job: _link.Job) -> None:
+        await workers.run(job, link)
+        await confirm()  # every worker's exit is reported by now
+
+    async def stop(grace: float) -> None:
+        await workers.stop(grace)
+        if not job_started:
+            await confirm()  # no job, nothing to report: say so at once
+        # With a job, run_job confirms once every worker's exit is reported.
+
     async def watch_stdin() -> None:
-        # Under ssh, stdin is the launcher's pipe: end-of-file means the ssh
-        # client is gone, and with it the launcher (or at least its link).
+        # Under ssh, stdin is the launcher's pipe to the ssh client:
+        # end-of-file means the ssh client is gone.
         os.set_blocking(0, False)
         while True:
             await anyio.wait_readable(0)
@@ -365,36 +438,30 @@ async def _obey(
                     break
             except BlockingIOError:
                 continue
-        with anyio.CancelScope(shield=True):
-            await workers.stop(min(grace, 1.0))
-        runner.cancel()
-        done.set()
+        try:
+            await link.send(_link.Stopping("its ssh client exited (its standard input closed)"))
+        except _link.LinkLost:
+            pass
+        tg.start_soon(stop, grace)
 
     async def receive() -> None:
-        nonlocal job_started
+        nonlocal job_started, grace, lost
         while True:
             try:
-                data = await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                # The launcher is gone: stop everything now, quickly.
-                with anyio.CancelScope(shield=True):
-                    await workers.stop(min(grace, 1.0))
-                runner.cancel()
+                messages = await link.receive()
+            except _link.LinkLost as exc:
+                # Nobody to report to: stop everything now, quickly.
+                lost = exc.reason
+                await workers.stop(min(grace, 1.0))
                 done.set()
                 return
-            for message in cast(list[Any], decoder.feed(data)):
+            for message in messages:
                 if isinstance(message, _link.Job):
                     job_started = True
+                    grace = message.grace
                     tg.start_soon(run_job, message)
                 elif isinstance(message, _link.Stop):
-                    with anyio.CancelScope(shield=True):
-                        await workers.stop(message.grace)
-                    if not job_started:
-                        # Stopped before any job (another agent failed to
-                        # start): nothing runs here, say so at once.
-                        await link.send(_link.encode(_link.AgentDone()))
-                        done.set()
-                        return
+                    tg.start_soon(stop, message.grace)
 
     async with anyio.create_task_group() as tg:
         if config.watch_stdin:
@@ -402,6 +469,7 @@ async def _obey(
         tg.start_soon(receive)
         await done.wait()
         tg.cancel_scope.cancel()
+    return lost
 
 
 def _free_port() -> int:
@@ -415,12 +483,19 @@ def _free_port() -> int:
 def main() -> int:
     raw = os.environ.pop(CONFIG_ENV, None)
     if raw is None:
-        line = sys.stdin.buffer.readline()
-        raw = line.decode().strip()
+        raw = sys.stdin.buffer.readline().decode().strip()
+    if not raw:
+        print("corral agent: no configuration on stdin", file=sys.stderr)
+        return 2
     config = msgspec.json.decode(base64.b64decode(raw), type=_Config)
     try:
         anyio.run(_serve, config)
-    except BaseException as exc:  # a signal, the link gone...: say so, exit non-zero
+    except BaseException as exc:  # the link gone, a signal...: say so, exit non-zero
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # out of the task groups it crossed
+        if isinstance(exc, _AgentExit):
+            print(f"corral agent: {exc}", file=sys.stderr)
+            return 1
         print(f"corral agent: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     return 0

@@ -30,9 +30,21 @@ original exception if it can be rebuilt here (with the remote traceback as
 its cause and the rank and host in a note), else :class:`WorkerFailed`.  A
 worker that dies without an exception (``os._exit(3)``, a signal) raises
 :class:`WorkerFailed` naming its rank, host and exit, with its stderr tail.
-An agent that cannot start raises :class:`LaunchError` with ssh's own
-message.  Cancelling ``launch`` stops every worker and returns once each
-host reported its workers reaped.
+An agent that cannot start raises :class:`LaunchError` naming its host:
+with ssh's own message if ssh exited, at ``start_timeout`` (counted from the
+call) if it hangs — a host that accepts the connection and never speaks, a
+cut link, an agent stuck in its hello.  A host whose link is lost later
+(closed, or silent past ``link_timeout``: see :mod:`corral._link`) raises
+:class:`LaunchError` naming it, once the other hosts stopped their workers;
+its own agent stops its workers when it notices the same silence.
+
+**Stops.**  Cancelling ``launch`` (Ctrl-C, a timeout, the runner's scope)
+tells every agent to stop its workers (stop signal, grace, SIGKILL), and
+returns once each confirmed them reaped or its link was lost — never later
+than ``grace`` + :data:`STOP_SLACK` seconds after the stop began.  The link
+itself is what carries the stop: the ssh clients may be gone already (the
+signal fan-out reaches them too), and a client hung on a cut link is
+stopped, not waited for.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+import os
 import pickle
 import secrets
 import socket
@@ -64,7 +77,6 @@ from ._hosts import (
 )
 from ._routing import FRAMES, LINES, Chunk, StreamState
 from ._spawn import check_grace
-from ._wire import FrameDecoder, WireError
 
 if TYPE_CHECKING:
     from ._process import Process
@@ -76,12 +88,19 @@ T = TypeVar("T")
 
 #: Seconds agents get to start and dial back, unless ``start_timeout`` says otherwise.
 DEFAULT_START_TIMEOUT = 60.0
+#: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
+DEFAULT_LINK_TIMEOUT = _link.DEFAULT_LINK_TIMEOUT
 
 
 class LaunchError(CorralError):
-    """A launch could not start: an agent did not come up (ssh refused, no such host...).
+    """A launch could not start, or lost a host: the message names the host and says why.
 
-    The message carries what the agent's command (ssh, srun) wrote on stderr.
+    Raised when an agent does not come up — its command (ssh, srun) exited
+    first (the message carries what it wrote on stderr), or it was not
+    connected back and ready within ``start_timeout`` — and when the link to
+    a running agent is lost: closed, broken, or silent for ``link_timeout``
+    seconds (a cut cable, a host that died).  Every other host's workers were
+    stopped first.
     """
 
 
@@ -234,6 +253,7 @@ class _Plan:
     env: dict[str, str | None]
     grace: float
     start_timeout: float
+    link_timeout: float
     log_level: int
     host_log_dir: str | None
     argv: list[str] = field(default_factory=list)  # a command, not a function
@@ -253,6 +273,7 @@ def _plan(
     copy_env: Sequence[str],
     ssh: SSH | None,
     start_timeout: float,
+    link_timeout: float,
     grace: float | None,
     log_level: int,
     host_log_dir: str | None,
@@ -298,6 +319,7 @@ def _plan(
         ssh.check()
     if not (math.isfinite(start_timeout) and start_timeout > 0):
         raise ValueError(f"start_timeout must be a positive number of seconds, not {start_timeout}")
+    link_timeout = _link.check_link_timeout(link_timeout)
     # Workers here inherit the launcher's environment: only extra_env (with
     # its removals) goes on top.  Remote ones get the variables by rule.
     env = environment_for_hosts(copy_env, extra_env) if remote else dict(extra_env or {})
@@ -310,6 +332,7 @@ def _plan(
         env=env,
         grace=runner.grace if grace is None else check_grace(grace),
         start_timeout=start_timeout,
+        link_timeout=link_timeout,
         log_level=log_level,
         host_log_dir=host_log_dir,
     )
@@ -345,6 +368,7 @@ class _Failure:
     error: _link.WorkerError | None = None
     returncode: int | None = None
     stderr: bytes = b""
+    lost: str | None = None  # the agent was lost: why
 
 
 class _Coordinator:
@@ -410,16 +434,21 @@ class _Coordinator:
         )
 
     def agent_lost(self, host: int, why: str) -> None:
+        """The agent of ``host`` is gone, or stops its workers on its own: the launch fails."""
         if self.settled.is_set():
             return
-        self._fail(
-            _Failure(
-                self.plan.firsts[host],
-                self.plan.hosts[host],
-                0,
-                _link.WorkerError(0, "", f"the agent on {self.plan.hosts[host]} {why}", ""),
+        self._fail(_Failure(self.plan.firsts[host], self.plan.hosts[host], 0, lost=why))
+
+    def agent_done(self, host: int) -> None:
+        """The agent of ``host`` reported its workers reaped: had each of them answered?"""
+        first = self.plan.firsts[host]
+        silent = [
+            r for r in range(first, first + self.plan.counts[host]) if r not in self._answered
+        ]
+        if silent and not self.settled.is_set():
+            self.agent_lost(
+                host, f"reported its workers done, but ranks {silent} never reported an outcome"
             )
-        )
 
     def _fail(self, failure: _Failure) -> None:
         if self.failure is None:
@@ -429,6 +458,9 @@ class _Coordinator:
     def exception(self) -> BaseException:
         failure = self.failure
         assert failure is not None
+        if failure.lost is not None:
+            index = self.plan.hosts.index(failure.host)
+            return LaunchError(f"the agent on host {failure.host} (agent-{index}) {failure.lost}")
         where = f"rank {failure.rank} on host {failure.host} (local rank {failure.local_rank})"
         error = failure.error
         if error is None:
@@ -497,6 +529,7 @@ async def launch(
     ssh: SSH | None = None,
     launcher_address: str | None = None,
     start_timeout: float = DEFAULT_START_TIMEOUT,
+    link_timeout: float = DEFAULT_LINK_TIMEOUT,
     grace: float | None = None,
     log_level: int = logging.NOTSET,
     host_log_dir: str | None = None,
@@ -509,6 +542,7 @@ async def launch(
         copy_env=copy_env,
         ssh=ssh,
         start_timeout=start_timeout,
+        link_timeout=link_timeout,
         grace=grace,
         log_level=log_level,
         host_log_dir=host_log_dir,
@@ -591,23 +625,30 @@ def _free_port() -> int:
 
 # -- other hosts -------------------------------------------------------------------------------
 
+#: Told to stop, the agents get their grace period and this many seconds more to confirm that
+#: every worker is reaped, before the launcher stops waiting for them.
+STOP_SLACK = 0.5
+#: At the end of a launch, how long an agent's command (ssh, srun) gets to exit by itself once
+#: the agent confirmed its workers reaped, before it is stopped; after a cancellation or a signal.
+COMMAND_EXIT_WAIT = 2.0
+COMMAND_EXIT_WAIT_STOPPED = 0.25
+
 
 class _AgentConnection:
     """The launcher's side of one agent's link."""
 
-    def __init__(self, index: int, stream: anyio.abc.SocketStream, hello: _link.AgentHello) -> None:
+    def __init__(self, index: int, link: _link.Link, hello: _link.AgentHello) -> None:
         self.index = index
-        self.stream = stream
+        self.link = link
         self.hello = hello
         self.ready = anyio.Event()
         self.master_port = 0
-        self.done = anyio.Event()
-        self.lost = anyio.Event()
-        self._lock = anyio.Lock()
-
-    async def send(self, message: _link.LinkMessage) -> None:
-        async with self._lock:
-            await self.stream.send(_link.encode(message))
+        self.done = anyio.Event()  # AgentDone came: every worker of the host is reaped
+        self.ended = anyio.Event()  # done, or the link is lost
+        self.finished = anyio.Event()  # nothing more will be read from the link
+        # The conversation is shielded from the launch's cancellation, so that a
+        # stop still hears the agents confirm; the launch ends it with this scope.
+        self.scope = anyio.CancelScope(shield=True)
 
 
 class _Remote:
@@ -620,8 +661,16 @@ class _Remote:
         self.secret = secret
         self.agents: dict[int, _AgentConnection] = {}
         self.all_connected = anyio.Event()
-        self.processes: list[Process] = []
+        #: Each agent's command (an ssh client; or one srun for them all) and its agents.
+        self.commands: list[tuple[Process, list[int]]] = []
+        self.closing = False  # the launch is ending: no more agents are heard
         self._states: dict[tuple[int, str, str], StreamState] = {}
+
+    def _warn(self, message: str) -> None:
+        self.runner._hub.warn(message)
+
+    def where(self, index: int) -> str:
+        return f"agent-{index} on {self.plan.hosts[index]}"
 
     async def serve(
         self, listener: anyio.abc.Listener[anyio.abc.SocketStream], tg: anyio.abc.TaskGroup
@@ -633,52 +682,46 @@ class _Remote:
         await listener.serve(handle, task_group=tg)
 
     async def _converse(self, stream: anyio.abc.SocketStream) -> None:
-        decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
-        pending: list[Any] = []
-        with anyio.move_on_after(self.plan.start_timeout):
-            while not pending:
-                try:
-                    pending = cast(list[Any], decoder.feed(await stream.receive()))
-                except (anyio.EndOfStream, anyio.BrokenResourceError, WireError):
-                    return
-        if not pending:
+        # Before the secret is checked: one small hello, quickly (see corral._link).
+        hello = await _link.read_hello(stream)
+        if hello is None:
             return
-        hello = pending.pop(0)
         if (
-            not isinstance(hello, _link.AgentHello)
-            or hello.v != _link.LINK_VERSION
+            hello.v != _link.LINK_VERSION
             or not hmac.compare_digest(hello.secret.encode(), self.secret.encode())
             or not 0 <= hello.index < len(self.plan.hosts)
             or hello.index in self.agents
         ):
             peer = stream.extra(anyio.abc.SocketAttribute.remote_address)
-            self.runner._hub.warn(
+            self._warn(
                 f"refused a connection to the launch link from {peer!r}: not one of our agents"
             )
             return
-        agent = _AgentConnection(hello.index, stream, hello)
+        if self.closing:
+            return
+        link = _link.Link(stream, self.plan.link_timeout)
+        agent = _AgentConnection(hello.index, link, hello)
         self.agents[hello.index] = agent
         if len(self.agents) == len(self.plan.hosts):
             self.all_connected.set()
-        try:
-            while True:
-                for message in pending:
-                    await self._dispatch(agent, message)
-                try:
-                    data = await stream.receive()
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    break
-                try:
-                    pending = cast(list[Any], decoder.feed(data))
-                except WireError as exc:
-                    self.runner._hub.warn(
-                        f"agent-{agent.index}: bad frame on the launch link: {exc}"
-                    )
-                    break
-        finally:
-            agent.lost.set()
-            if not agent.done.is_set():
-                self.coordinator.agent_lost(agent.index, "lost its link to the launcher")
+        why = "was cut off by the end of the launch"
+        with agent.scope:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(link.beat)
+                    try:
+                        while True:
+                            for message in await link.receive():
+                                await self._dispatch(agent, message)
+                    except _link.LinkLost as lost:
+                        why = lost.reason
+                    tg.cancel_scope.cancel()
+            finally:
+                link.lose(why)
+                agent.ended.set()
+                agent.finished.set()
+                if not agent.done.is_set():
+                    self.coordinator.agent_lost(agent.index, why)
 
     async def _dispatch(self, agent: _AgentConnection, message: Any) -> None:
         index = agent.index
@@ -697,8 +740,12 @@ class _Remote:
             await self.coordinator.error(index, message)
         elif isinstance(message, _link.WorkerExit):
             await self.coordinator.exited(index, message)
+        elif isinstance(message, _link.Stopping):
+            self.coordinator.agent_lost(index, f"stopped its workers: {message.reason}")
         elif isinstance(message, _link.AgentDone):
             agent.done.set()
+            agent.ended.set()
+            self.coordinator.agent_done(index)
 
     def _state(self, agent: int, source: str, stream: str, kind: str, level: int) -> StreamState:
         key = (agent, source, stream)
@@ -710,21 +757,11 @@ class _Remote:
             self._states[key] = state
         return state
 
-    async def wait_agents_gone(self) -> None:
-        """The agents' commands end once their work is done; stop those that do not."""
-        with anyio.move_on_after(self.plan.grace + 10):
-            for proc in self.processes:
-                if proc.stdin is not None:
-                    await proc.stdin.aclose()
-                await proc.wait()
-        for proc in self.processes:
-            if proc.returncode is None:
-                await proc.stop(1.0)
-
     async def start_agents(self, addresses: list[tuple[str, int]]) -> None:
         plan = self.plan
         python = plan.ssh.remote_python
         command = [python, "-m", "corral._agent"]
+        timeouts = {"start_timeout": plan.start_timeout, "link_timeout": plan.link_timeout}
         if plan.slurm:
             address, port = addresses[0]
             config = encode_config(
@@ -736,6 +773,7 @@ class _Remote:
                 watch_stdin=False,
                 log_level=plan.log_level,
                 log_dir=plan.host_log_dir,
+                **timeouts,
             )
             nodes = len(plan.hosts)
             proc = await self.runner.start(
@@ -753,7 +791,7 @@ class _Remote:
                 check=False,
                 grace=plan.grace + 5,
             )
-            self.processes.append(proc)
+            self.commands.append((proc, list(range(nodes))))
             return
         for index, host in enumerate(plan.hosts):
             address, port = addresses[index]
@@ -767,6 +805,7 @@ class _Remote:
                 watch_stdin=True,
                 log_level=plan.log_level,
                 log_dir=plan.host_log_dir,
+                **timeouts,
             )
             proc = await self.runner.start(
                 plan.ssh.argv(host, command),
@@ -775,71 +814,139 @@ class _Remote:
                 check=False,
                 grace=plan.grace + 5,
             )
-            self.processes.append(proc)
+            self.commands.append((proc, [index]))
             assert proc.stdin is not None
             try:
                 # stdin stays open afterwards: the agent's lifeline.
                 await proc.stdin.send(config.encode() + b"\n")
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass  # ssh has exited already: wait_connected reports why
+                pass  # ssh has exited already: wait_started reports why
 
-    async def wait_connected(self) -> None:
-        """Until every agent dialed back; raise LaunchError if an agent's command exits first."""
-        plan = self.plan
-        async with anyio.create_task_group() as tg:
+    def _is_ready(self, index: int) -> bool:
+        agent = self.agents.get(index)
+        return agent is not None and agent.ready.is_set()
 
-            async def watch(proc: Process) -> None:
-                await proc.wait()
-                if not self.all_connected.is_set():
-                    which = proc.name.removesuffix(".ssh")
-                    tail = proc.stderr_tail.decode("utf-8", "replace").strip()
-                    raise LaunchError(
-                        f"{which} ({' '.join(proc.argv[:1])}) exited with code {proc.returncode} "
-                        f"before it connected back" + (f": {tail}" if tail else "")
-                    )
+    async def wait_started(self, deadline: float) -> None:
+        """Until every agent is connected and ready; else LaunchError naming the hosts.
 
-            for proc in self.processes:
-                tg.start_soon(watch, proc)
-            with anyio.fail_after(plan.start_timeout):
-                try:
+        Fails as soon as an agent's command exits before its agent is ready
+        (with what the command wrote on stderr), or an agent's link is lost,
+        and at ``deadline`` (``start_timeout`` after the launch began).
+        """
+        failure: LaunchError | None = None
+        with anyio.CancelScope(deadline=deadline) as timer:
+            async with anyio.create_task_group() as tg:
+
+                async def watch(proc: Process, indices: list[int]) -> None:
+                    nonlocal failure
+                    await proc.wait()
+                    if failure is None and not all(self._is_ready(i) for i in indices):
+                        failure = self._exited_early(proc, indices)
+                    tg.cancel_scope.cancel()
+
+                async def ready() -> None:
                     await self.all_connected.wait()
                     for agent in self.agents.values():
                         await agent.ready.wait()
-                except TimeoutError:
-                    missing = [
-                        plan.hosts[i] for i in range(len(plan.hosts)) if i not in self.agents
-                    ]
-                    raise LaunchError(
-                        f"agents on {missing} did not connect back to the launcher within "
-                        f"{plan.start_timeout:g} s"
-                    ) from None
-            tg.cancel_scope.cancel()
+                    tg.cancel_scope.cancel()
+
+                async def failed() -> None:
+                    await self.coordinator.settled.wait()
+                    tg.cancel_scope.cancel()
+
+                for proc, indices in self.commands:
+                    tg.start_soon(watch, proc, indices)
+                tg.start_soon(ready)
+                tg.start_soon(failed)
+        if failure is not None:
+            raise failure
+        if self.coordinator.failure is not None:
+            raise self.coordinator.exception()
+        if timer.cancelled_caught:
+            raise LaunchError(self._not_started())
+
+    def _exited_early(self, proc: Process, indices: list[int]) -> LaunchError:
+        which = proc.name.removesuffix(".ssh")
+        where = f" on {self.plan.hosts[indices[0]]}" if len(indices) == 1 else ""
+        tail = proc.stderr_tail.decode("utf-8", "replace").strip()
+        return LaunchError(
+            f"{which}{where} ({' '.join(proc.argv[:1])}) exited with code {proc.returncode} "
+            f"before it connected back" + (f": {tail}" if tail else "")
+        )
+
+    def _not_started(self) -> str:
+        missing = []
+        for proc, indices in self.commands:
+            tail = proc.stderr_tail.decode("utf-8", "replace").strip()
+            program = os.path.basename(proc.argv[0])
+            said = f" ({program} said: {tail})" if tail else f" ({program} said nothing)"
+            for index in indices:
+                if index not in self.agents:
+                    missing.append(f"{self.where(index)} did not connect back{said}")
+                elif not self.agents[index].ready.is_set():
+                    missing.append(f"{self.where(index)} connected back but did not get ready")
+        return (
+            f"the launch did not start within {self.plan.start_timeout:g} s (start_timeout): "
+            + "; ".join(missing)
+        )
 
     async def stop_all(self, grace: float) -> None:
-        """Tell every agent to stop its workers; wait until each reported them reaped."""
+        """Tell every agent to stop its workers; wait until each confirmed them reaped.
+
+        Waits for each agent until it confirmed (``AgentDone``), or its link
+        is lost (closed, or silent past ``link_timeout``), and at most
+        ``grace`` + :data:`STOP_SLACK` seconds in all: an agent kills its
+        workers at the grace deadline, and says so at once.
+        """
+        waiting = [agent for agent in self.agents.values() if not agent.ended.is_set()]
+
+        async def stop(agent: _AgentConnection) -> None:
+            try:
+                await agent.link.send(_link.Stop(grace))
+            except _link.LinkLost:
+                return
+            await agent.ended.wait()
+
+        with anyio.move_on_after(grace + STOP_SLACK):
+            async with anyio.create_task_group() as tg:
+                for agent in waiting:
+                    tg.start_soon(stop, agent)
+        late = [self.where(agent.index) for agent in waiting if not agent.ended.is_set()]
+        if late:
+            self._warn(
+                f"{', '.join(late)} did not confirm that its workers stopped within "
+                f"{grace + STOP_SLACK:g} s (grace + {STOP_SLACK:g} s); its link is closed now, "
+                "and an agent that loses its link stops its workers"
+            )
+
+    async def end(self, patience: float) -> None:
+        """The launch is over: let the agents go, close their links, stop their commands.
+
+        The agents that confirmed get ``patience`` seconds to close their
+        links (their last log lines are read meanwhile) and their commands to
+        exit; every other command (an ssh client hung on a cut link, say) is
+        stopped at once.
+        """
+        for proc, _ in self.commands:
+            if proc.stdin is not None:
+                await proc.stdin.aclose()
+        confirmed = [
+            (proc, indices)
+            for proc, indices in self.commands
+            if all(i in self.agents and self.agents[i].done.is_set() for i in indices)
+        ]
+        with anyio.move_on_after(patience):
+            for proc, indices in confirmed:
+                for index in indices:
+                    await self.agents[index].finished.wait()
+                await proc.wait()
+        self.closing = True
+        for agent in self.agents.values():
+            agent.scope.cancel()
         async with anyio.create_task_group() as tg:
-
-            async def stop(agent: _AgentConnection) -> None:
-                try:
-                    await agent.send(_link.Stop(grace))
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    return
-                with anyio.move_on_after(grace + 10):
-                    async with anyio.create_task_group() as inner:
-
-                        async def done() -> None:
-                            await agent.done.wait()
-                            inner.cancel_scope.cancel()
-
-                        async def lost() -> None:
-                            await agent.lost.wait()
-                            inner.cancel_scope.cancel()
-
-                        inner.start_soon(done)
-                        inner.start_soon(lost)
-
-            for agent in list(self.agents.values()):
-                tg.start_soon(stop, agent)
+            for proc, _ in self.commands:
+                if proc.returncode is None:
+                    tg.start_soon(proc.stop, 0.5)
 
 
 async def _launch_remote(
@@ -849,6 +956,7 @@ async def _launch_remote(
     coordinator: _Coordinator,
     launcher_address: str | None,
 ) -> None:
+    deadline = anyio.current_time() + plan.start_timeout
     secret = secrets.token_hex(16)
     remote = _Remote(runner, plan, coordinator, secret)
     # Each agent dials back to this machine's address on the route to its own
@@ -867,27 +975,32 @@ async def _launch_remote(
         async with anyio.create_task_group() as tg:
             for each in listeners.values():
                 tg.start_soon(remote.serve, each, tg)
+            patience = COMMAND_EXIT_WAIT
             try:
                 await remote.start_agents([(a, ports[a]) for a in wanted])
-                await remote.wait_connected()
+                await remote.wait_started(deadline)
                 master_addr = plan.hosts[0]
                 master_port = remote.agents[0].master_port
                 for index, agent in sorted(remote.agents.items()):
-                    await agent.send(_job(plan, index, payload, master_addr, master_port))
+                    try:
+                        await agent.link.send(_job(plan, index, payload, master_addr, master_port))
+                    except _link.LinkLost:
+                        pass  # its reader reports the loss
                 await coordinator.settled.wait()
                 if coordinator.failure is not None:
                     with anyio.CancelScope(shield=True):
                         await remote.stop_all(plan.grace)
                 else:
                     for agent in remote.agents.values():
-                        await agent.done.wait()
+                        await agent.ended.wait()
             except BaseException:
+                patience = COMMAND_EXIT_WAIT_STOPPED
                 with anyio.CancelScope(shield=True):
                     await remote.stop_all(plan.grace)
                 raise
             finally:
                 with anyio.CancelScope(shield=True):
-                    await remote.wait_agents_gone()
+                    await remote.end(patience)
                 tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

@@ -48,7 +48,7 @@ from anyio.abc import TaskGroup
 from . import _backend, _launch, _signals
 from ._backend import outlast_native_cancel
 from ._hosts import SSH
-from ._launch import DEFAULT_START_TIMEOUT, LaunchResult
+from ._launch import DEFAULT_LINK_TIMEOUT, DEFAULT_START_TIMEOUT, LaunchResult
 from ._lifeline import Lifeline
 from ._loghub import LogHub
 from ._monitor import Monitor, MonitorSink
@@ -634,6 +634,7 @@ class Runner:
         ssh: SSH | None = None,
         launcher_address: str | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        link_timeout: float = DEFAULT_LINK_TIMEOUT,
         grace: float | None = None,
         log_level: int = logging.NOTSET,
         host_log_dir: str | None = None,
@@ -670,7 +671,15 @@ class Runner:
                 identity file, extra options, the remote Python and directory.
             launcher_address: the address agents dial back to; by default each
                 agent dials this machine's address on the route to its host.
-            start_timeout: seconds agents get to start and connect back.
+            start_timeout: seconds, counted from this call, that every agent
+                gets to start (ssh's connection and login, the remote Python's
+                start-up), connect back, authenticate and report ready;
+                past it, :class:`LaunchError` names the hosts that are not
+                ready.  An agent that cannot dial back within it gives up.
+            link_timeout: seconds the link to an agent may stay silent
+                before it counts as cut (both ends send a heartbeat every
+                quarter of it): the agent then stops its workers, and the
+                launch fails with :class:`LaunchError` naming the host.
             grace: seconds between the stop signal and SIGKILL when workers
                 are stopped; defaults to the runner's.
             log_level: on remote hosts, records below this level stay on
@@ -685,7 +694,10 @@ class Runner:
             TypeError, ValueError: bad arguments (an empty host list, a wrong
                 number of ``workers_per_host``, a function that cannot be
                 pickled, an unreadable identity file); nothing was started.
-            LaunchError: an agent did not come up (ssh's own message included).
+            LaunchError: an agent did not come up (ssh's own message
+                included, or the hosts not ready within ``start_timeout``),
+                or the link to an agent was lost (closed, or silent for
+                ``link_timeout``); it names the host.
             WorkerFailed: a worker died, or raised an exception that cannot be
                 rebuilt here; every other worker was stopped first.
             Exception: the exception a worker raised, rebuilt here, with the
@@ -704,6 +716,7 @@ class Runner:
             ssh=ssh,
             launcher_address=launcher_address,
             start_timeout=start_timeout,
+            link_timeout=link_timeout,
             grace=grace,
             log_level=log_level,
             host_log_dir=host_log_dir,
@@ -720,6 +733,7 @@ class Runner:
         ssh: SSH | None = None,
         launcher_address: str | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        link_timeout: float = DEFAULT_LINK_TIMEOUT,
         grace: float | None = None,
         log_level: int = logging.NOTSET,
         host_log_dir: str | None = None,
@@ -748,6 +762,7 @@ class Runner:
             ssh=ssh,
             launcher_address=launcher_address,
             start_timeout=start_timeout,
+            link_timeout=link_timeout,
             grace=grace,
             log_level=log_level,
             host_log_dir=host_log_dir,
