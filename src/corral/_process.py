@@ -763,6 +763,22 @@ class Process:
             run.startup_error = StartupFailed(0, self._spec.argv, name=self._name, pid=run.pid)
         run.started.set()
 
+    async def _abandon(self) -> None:
+        """Stop the child and wait until it is reaped, whatever cancels the caller meanwhile.
+
+        For a :meth:`Runner.start` or :meth:`Runner.run` that was cancelled (or
+        failed) before its caller got hold of the child: like
+        :func:`anyio.run_process`, the child is gone before the cancellation
+        goes on.  Shielded, and bounded as every stop is: stop signal, grace,
+        SIGKILL, reap.
+        """
+        run = self._run
+        if self.returncode is None or self._policy.restart != "never":
+            self._request_stop()  # no restart either
+        with anyio.CancelScope(shield=True):
+            await self._stop_run(run, self._grace)
+            await outlast_native_cancel(run.reaped.wait)
+
     async def _wait_started(self) -> None:
         """Wait for the first run's start-up report (for :meth:`Runner.start`)."""
         run = self._run
@@ -777,17 +793,18 @@ class Process:
                 f"within {limit:g} s; it was stopped"
             ) from None
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                self._request_stop()
-                await self._stop_run(run, self._grace)
-                await outlast_native_cancel(run.reaped.wait)
+            await self._abandon()
             raise
         error = run.startup_error
         if error is None:
             return
         if isinstance(error, StartupFailed):
             # Wait for the exit to be complete so that the stderr tail is too.
-            await run.done.wait()
+            try:
+                await run.done.wait()
+            except BaseException:
+                await self._abandon()
+                raise
             assert run.returncode is not None
             raise StartupFailed(
                 run.returncode,

@@ -46,7 +46,6 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from . import _backend, _launch, _signals
-from ._backend import outlast_native_cancel
 from ._hosts import SSH
 from ._launch import DEFAULT_START_TIMEOUT, LaunchResult
 from ._lifeline import Lifeline
@@ -436,6 +435,12 @@ class Runner:
                 the child was stopped.
             TimeoutError: with ``wait_started``, ``start_timeout`` passed; the
                 child was stopped.
+
+        A start whose task is cancelled before it returns (its scope
+        cancelled, or its deadline passed, even during the spawn itself)
+        stops the child (stop signal, grace, SIGKILL) and reaps it before the
+        cancellation goes on, as :func:`anyio.run_process` does; a start in a
+        scope that is cancelled already spawns nothing.
         """
         proc = await self._start(
             argv,
@@ -504,6 +509,9 @@ class Runner:
         name = self._unique_name(options["name"], spec.program)
         services = self._services
         assert services is not None and self._tg is not None
+        # A start in a cancelled scope (or one whose deadline has passed)
+        # spawns nothing.
+        await _checkpoint_if_cancelled()
         source = self._hub.source(name)
         spawned = services.spawner.spawn(spec, self._hub.child_env(source))
         proc = Process(
@@ -525,8 +533,17 @@ class Runner:
         self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
         self._process_event(proc, "running")
         self._tg.start_soon(proc._supervise, name=f"corral supervisor {self._name}.{name}")
-        # Spawning holds the loop for a few hundred microseconds: let others run.
-        await anyio.lowlevel.checkpoint()
+        try:
+            # Spawning holds the loop for a few hundred microseconds: let others
+            # run.  A cancellation that arrives now (a deadline that passed
+            # during the spawn included) cancels the start: the child is
+            # stopped and reaped first: a start returns only a child its
+            # caller is still there to hold.
+            await anyio.lowlevel.checkpoint()
+            await _checkpoint_if_cancelled()
+        except BaseException:
+            await proc._abandon()
+            raise
         return proc
 
     async def run(
@@ -609,11 +626,7 @@ class Runner:
                 await _feed(proc, bytes(input or b""))
             await proc.wait()
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                if proc.returncode is None:
-                    proc._request_stop()
-                await proc._stop_run(proc._run, proc._grace)
-                await outlast_native_cancel(proc._run.reaped.wait)
+            await proc._abandon()
             raise
         result = proc._completed()
         if check and result.returncode != 0 and not proc._stop_requested:
@@ -789,6 +802,17 @@ class Runner:
             del self._live[proc.name]
         if self._closing and not self._live:
             self._children_done.set()
+
+
+async def _checkpoint_if_cancelled() -> None:
+    """Raise the cancellation if the calling task is cancelled, or its deadline has passed.
+
+    :func:`anyio.lowlevel.checkpoint_if_cancelled` sees a cancelled scope, but
+    not a deadline that has passed while the loop has not yet noticed it.
+    """
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    while anyio.current_effective_deadline() <= anyio.current_time():
+        await anyio.lowlevel.checkpoint()  # the deadline's cancellation is on its way
 
 
 async def _feed(proc: Process, data: bytes) -> None:
