@@ -42,6 +42,7 @@ __all__ = [
     "exit_status",
     "fd_limits",
     "is_exiting",
+    "open_status",
     "pidfd_open",
     "raise_fd_limit",
     "reap",
@@ -52,8 +53,9 @@ __all__ = [
 
 #: Descriptors the launcher holds per running child at most: the pidfd and
 #: the read ends of its stdout and stderr pipes.  Features that add channels
-#: (the start-up handshake, a log connection, ``stdin=PIPE``) add one each
-#: while in use.
+#: (a log connection, ``stdin=PIPE``) add one each while in use; the start-up
+#: handshake adds two until the start is decided (its pipe, and the child's
+#: ``/proc`` status).
 FD_PER_CHILD = 3
 
 # The start-up handshake needs the pipe at descriptor 3 in the child, and
@@ -244,34 +246,70 @@ def wait_blocking(pid: int) -> int:
 _PF_EXITING = 0x4
 
 
+def _parse_stat(stat: bytes) -> list[bytes]:
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def _stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name, or ``None`` if gone."""
+    """The fields of ``/proc/<pid>/stat`` after the command name, or ``None`` if gone.
+
+    Opens a descriptor for the read: raises :class:`OSError` (``EMFILE``) when
+    the process has none left.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return stat[stat.rfind(b")") + 2 :].split()
+    return _parse_stat(stat)
 
 
-def is_exiting(pid: int) -> bool:
-    """Whether ``pid`` has begun to exit (or is gone), even before it is a zombie.
+def open_status(pid: int) -> int:
+    """A descriptor on ``/proc/<pid>/stat``, for :func:`is_exiting` to read without opening one.
+
+    Taken right after the spawn, while the child cannot have been reaped (so
+    its pid is still its own), and kept as long as the answer may be needed.
+    """
+    return os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def is_exiting(status: int) -> bool:
+    """Whether the process has begun to exit (or is gone), even before it is a zombie.
 
     A process closes its descriptors early in its exit, before its parent
     can see the exit status; a reader that sees end-of-file on a pipe from
     the child asks this to tell "the child closed it" from "the child is
-    exiting".  Reads the ``PF_EXITING`` flag from ``/proc/<pid>/stat``.
+    exiting".  Reads the ``PF_EXITING`` flag from ``/proc/<pid>/stat``,
+    through ``status``, a descriptor from :func:`open_status`: the answer
+    never needs a new descriptor, so it holds at the descriptor limit too.
     """
-    fields = _stat_fields(pid)
-    if fields is None:
-        return True
+    try:
+        stat = os.pread(status, 4096, 0)
+    except ProcessLookupError:
+        return True  # reaped
+    fields = _parse_stat(stat)
     state, flags = fields[0], int(fields[6])
     return state in (b"Z", b"X", b"x") or bool(flags & _PF_EXITING)
 
 
 def gone_or_in_group(pid: int, pgid: int) -> bool:
-    """Whether ``pid`` has exited (or is a zombie) or is still a member of group ``pgid``."""
-    fields = _stat_fields(pid)
+    """Whether ``pid`` has exited (or is a zombie) or is still a member of group ``pgid``.
+
+    Asks ``getpgid`` first, which needs no descriptor; only a process in
+    another group costs a read of ``/proc`` (to tell a zombie).  If that read
+    is impossible (no descriptor left), the process counts as alive elsewhere.
+    """
+    try:
+        if os.getpgid(pid) == pgid:
+            return True
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    try:
+        fields = _stat_fields(pid)
+    except OSError:
+        return False
     if fields is None:
         return True
     return fields[0] in (b"Z", b"X", b"x") or int(fields[2]) == pgid

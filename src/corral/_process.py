@@ -577,17 +577,11 @@ class Process:
                     break  # Runner.start reports this one
                 if not self._should_restart(failed):
                     if failed and self._check:
-                        failure = ProcessFailed(
-                            code,
-                            self._spec.argv,
-                            name=self._name,
-                            pid=run.pid,
-                            stdout=_collected(run, "stdout"),
-                            stderr=_collected(run, "stderr", self.stderr_tail),
-                            restarts=self._restarts,
-                        )
+                        failure = self._failure(run, code)
                     break
                 if not await self._restart(run):
+                    if failed and self._check and not self._stop_requested:
+                        failure = self._failure(run, code)
                     break
         finally:
             run = self._run
@@ -597,6 +591,17 @@ class Process:
             self._final.set()
         if failure is not None:
             raise failure
+
+    def _failure(self, run: _Run, code: int) -> ProcessFailed:
+        return ProcessFailed(
+            code,
+            self._spec.argv,
+            name=self._name,
+            pid=run.pid,
+            stdout=_collected(run, "stdout"),
+            stderr=_collected(run, "stderr", self.stderr_tail),
+            restarts=self._restarts,
+        )
 
     def _should_restart(self, failed: bool) -> bool:
         follows = self._restart_follows(failed)
@@ -633,9 +638,18 @@ class Process:
         if self._stop_requested:
             return False
         await anyio.lowlevel.checkpoint()
-        spawned = self._services.spawner.spawn(
-            self._spec, self._services.hub.child_env(self._source)
-        )
+        try:
+            spawned = self._services.spawner.spawn(
+                self._spec, self._services.hub.child_env(self._source)
+            )
+        except OSError as exc:
+            # Out of descriptors (ResourceLimitError), or the program is gone:
+            # this exit stays the last one, a failure as any other (nothing
+            # was spawned, nothing else is affected).
+            self._services.hub.log(
+                logging.ERROR, f"cannot restart {self._name}: {exc}; it stays stopped"
+            )
+            return False
         self._previous = (run.returncode, run.duration or 0.0)
         self._restarts += 1
         self._source.restart()
@@ -711,6 +725,7 @@ class Process:
                 if run.handshake is not None:
                     self._decide_start(run, True)
                     run.handshake.close()
+                _close_status(run)
                 run.leader_exited.set()
             run.returncode = status
             hub.log(*self._exit_record(run))
@@ -757,11 +772,16 @@ class Process:
                     f"malformed JSON ({exc}); it wrote: {quoted!r}"
                     + ("..." if len(handshake.data) > 200 else "")
                 )
-        elif handshake.eof and not exited and not _platform.is_exiting(run.pid):
+        elif handshake.eof and not exited and not self._exiting(run):
             run.started_value = None  # closing the descriptor reports null
         else:
             run.startup_error = StartupFailed(0, self._spec.argv, name=self._name, pid=run.pid)
         run.started.set()
+        _close_status(run)
+
+    def _exiting(self, run: _Run) -> bool:
+        status = run.spawned.status
+        return status is None or _platform.is_exiting(status)
 
     async def _abandon(self) -> None:
         """Stop the child and wait until it is reaped, whatever cancels the caller meanwhile.
@@ -848,6 +868,13 @@ class Process:
             started_value=run.started_value,
             stderr_tail=self.stderr_tail,
         )
+
+
+def _close_status(run: _Run) -> None:
+    spawned = run.spawned
+    if spawned.status is not None:
+        os.close(spawned.status)
+        spawned.status = None
 
 
 def _collected(run: _Run, stream: str, default: bytes | None = None) -> bytes | None:
