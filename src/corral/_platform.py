@@ -35,6 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from . import _childenv
+from ._errors import CorralError
 
 __all__ = [
     "FD_PER_CHILD",
@@ -45,6 +46,7 @@ __all__ = [
     "open_status",
     "pidfd_open",
     "raise_fd_limit",
+    "require_pidfd",
     "reap",
     "signal_group",
     "spawn",
@@ -181,6 +183,42 @@ def spawn(
 def pidfd_open(pid: int) -> int:
     """A descriptor that becomes readable when ``pid`` exits (close-on-exec)."""
     return os.pidfd_open(pid)
+
+
+_pidfd_works = False
+
+
+def require_pidfd() -> None:
+    """Raise :class:`~corral.CorralError` unless this system gives pidfds.
+
+    corral waits for every child on its pidfd (``pidfd_open``, Linux 5.3 and
+    later).  Where the call is missing (an older kernel) or forbidden (a
+    seccomp filter, such as an older container runtime's default profile),
+    nothing else would work; better to say so, once, at the runner's entry
+    than to fail at the first child with a bare ``ENOSYS`` or ``EPERM``.
+    """
+    global _pidfd_works
+    if _pidfd_works:
+        return
+    if not hasattr(os, "pidfd_open"):
+        raise CorralError(
+            "corral needs os.pidfd_open (Python on Linux 5.3 or later) to wait for its "
+            "children; this Python does not have it"
+        )
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        raise CorralError(
+            f"corral cannot wait for its children here: the pidfd_open system call fails "
+            f"with {name} ({exc.strerror}). corral needs Linux 5.3 or later, with "
+            "pidfd_open allowed: a seccomp filter (a container's profile, a sandbox) "
+            "that forbids it must allow it"
+        ) from exc
+    os.close(fd)
+    _pidfd_works = True
 
 
 def exited_stand_in() -> int:

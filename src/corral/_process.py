@@ -284,7 +284,10 @@ class Process:
             try:
                 run.exit_seen = _platform.exit_status(run.pid)
             except _platform.StatusLost:
-                return None
+                # Reaped by someone else (SIGCHLD ignored, a waitpid(-1)): it is
+                # gone, and its status with it.  The supervisor reports 0 then,
+                # as subprocess and Trio do; so does this, at once.
+                run.exit_seen = 0
         return run.exit_seen
 
     def poll(self) -> int | None:

@@ -45,7 +45,7 @@ import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from . import _backend, _launch, _signals
+from . import _backend, _launch, _platform, _signals
 from ._hosts import SSH
 from ._launch import DEFAULT_START_TIMEOUT, LaunchResult
 from ._lifeline import Lifeline
@@ -188,6 +188,7 @@ class Runner:
         if self._entered:
             raise RuntimeError("a Runner can be entered only once; call open_runner() again")
         self._entered = True
+        _platform.require_pidfd()
         token = LoopToken.current()
         if token.backend == "trio":
             _backend.protect_on_trio(_internal_modules())
@@ -921,6 +922,10 @@ def open_runner(
             :attr:`Runner.monitor_url` (see :doc:`howto/monitor`).  ``True``
             or a port alone (``"8765"``) listens on loopback; port 0 is any
             free port.
+
+    Entering the runner raises :exc:`CorralError` if the system cannot give
+    it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
+    and later, not forbidden by a seccomp filter).
     """
     return Runner(
         name=name,
