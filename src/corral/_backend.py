@@ -90,14 +90,30 @@ class LoopHandle:
 
 
 def current_loop() -> LoopHandle:
-    """Capture the loop running the calling task (Trio's first: guest mode runs in asyncio)."""
+    """Capture the loop running the calling task.
+
+    In Trio's guest mode both loops run on one thread: Trio's tasks run in
+    callbacks of the host loop, and the host's tasks run while Trio's run is
+    alive.  What counts is whose *task* is running: a Trio task belongs to the
+    guest, an asyncio task to the host.  (Outside any task, as in a callback,
+    a Trio run in progress wins, as before.)  Raises :class:`RuntimeError`
+    when no loop runs here.
+    """
     trio = _trio()
-    if trio is not None:
-        try:
-            return LoopHandle("trio", trio.lowlevel.current_trio_token())
-        except RuntimeError:
-            pass
+    if (
+        trio is not None
+        and trio.lowlevel.in_trio_run()
+        and (trio.lowlevel.in_trio_task() or not _in_asyncio_task())
+    ):
+        return LoopHandle("trio", trio.lowlevel.current_trio_token())
     return LoopHandle("asyncio", asyncio.get_running_loop())
+
+
+def _in_asyncio_task() -> bool:
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no asyncio loop runs in this thread
+        return False
 
 
 def is_asyncio_main_task() -> bool:
