@@ -138,6 +138,7 @@ class Runner:
         self._signal_pending = False
         self._observers: list[Callable[[Process, str], None]] = []
         self._services: ProcessServices | None = None
+        self._host_hold: _backend.HostHold | None = None
 
     # -- properties -------------------------------------------------------------------
 
@@ -237,6 +238,8 @@ class Runner:
             with anyio.CancelScope(shield=True):
                 await self._monitor.bound.wait()
             hub.log(logging.INFO, f"monitor at {self._monitor.url}")
+        # In Trio's guest mode on asyncio: stop in order when the host ends.
+        self._host_hold = _backend.hold_asyncio_host(token.loop, self._on_host_ending)
         if self._signal_pending:
             tg.cancel_scope.cancel()  # a signal arrived while we were entering
         return self
@@ -307,6 +310,8 @@ class Runner:
                     # every child has exited, nobody can wait on them any more.
                     for stream in list(self._services.open_streams):
                         stream.close()
+                if self._host_hold is not None:
+                    self._host_hold.release()
                 if self._signals is not None:
                     # A signal nobody held before ends the process now, as it
                     # would have without corral (see corral._signals).
@@ -334,6 +339,12 @@ class Runner:
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
         self._hub.abort()
+
+    def _on_host_ending(self) -> None:
+        """On the loop, when the asyncio host of this Trio guest run is ending."""
+        if self._tg is not None and not self._tg.cancel_scope.cancel_called:
+            self._hub.log(logging.INFO, "the host event loop is ending: stopping every child")
+            self._tg.cancel_scope.cancel()
 
     def _lifeline_error(self, message: str) -> None:
         self._hub.log(logging.ERROR, message)
