@@ -164,7 +164,7 @@ class HostHold:
 
     def release(self) -> None:
         """The runner has left: let the host go on (called on the guest's loop)."""
-        if self._left.done():
+        if self._left.done() or self._task.done():
             return
         try:
             self._left.set_result(None)
