@@ -11,15 +11,16 @@ cannot pass by cancelling too early every time.
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from tests.conftest import TAG_VAR, tagged_pids
+from tests.conftest import TAG_VAR, ListHandler, children_of, tagged_pids
 
 import corral
 
@@ -95,3 +96,94 @@ def test_cancel_anywhere_leaves_nothing_behind(backend: str, tmp_path: Path) -> 
     cancel_at()
     assert any(reached), f"no example reached the grandchild (start-up {startup:.3f} s)"
     assert not all(reached), "every example was cancelled after the grandchild existed"
+
+
+#: Seconds from start() to the child's report, per backend, measured once.
+_STARTUP: dict[str, float] = {}
+
+#: How a start is cancelled: a scope cancelled before it ("already"), a
+#: deadline that passed before it ("past"), a deadline within the spawn itself
+#: ("spawn": the spawn takes about a millisecond), a deadline during the
+#: child's start-up ("deadline"), or another task cancelling the scope then
+#: ("task").
+START_CANCELS = ["already", "past", "spawn", "deadline", "task"]
+
+
+@pytest.mark.anyio
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    how=st.sampled_from(START_CANCELS),
+    fraction=st.floats(min_value=0, max_value=1.5),
+    wait_started=st.booleans(),
+    via=st.sampled_from(["start", "run"]),
+)
+async def test_a_cancelled_start_leaves_nothing(
+    anyio_backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    how: str,
+    fraction: float,
+    wait_started: bool,
+    via: str,
+) -> None:
+    """The child of a cancelled start() or run() is stopped and reaped before it raises.
+
+    As :func:`anyio.run_process` leaves nothing behind.  The runner stays open
+    meanwhile, so nothing but the cancelled start can have stopped the child;
+    and the runner's own exit must not wait for a child nobody holds.
+    """
+    marker = tmp_path_factory.mktemp("marker") / "grandchild"
+    if anyio_backend not in _STARTUP:
+        _STARTUP[anyio_backend] = await _startup_time(marker)
+    startup = _STARTUP[anyio_backend]
+    tag = uuid.uuid4().hex
+    argv = [sys.executable, "-c", CHILD, str(marker)]
+    records = ListHandler()
+    with anyio.fail_after(30):
+        async with corral.open_runner(console=False, grace=2, handlers=[records]) as r:
+            before = set(children_of(os.getpid()))  # the runner's lifeline
+            proc: corral.Process | None = None
+            async with anyio.create_task_group() as tg:
+                with anyio.CancelScope() as scope:
+                    now = anyio.current_time()
+                    if how == "already":
+                        scope.cancel()
+                    elif how == "past":
+                        scope.deadline = now - 1
+                    elif how == "spawn":
+                        scope.deadline = now + fraction * 0.002
+                    elif how == "deadline":
+                        scope.deadline = now + fraction * startup
+                    else:
+
+                        async def cancel_later() -> None:
+                            await anyio.sleep(fraction * startup)
+                            scope.cancel()
+
+                        tg.start_soon(cancel_later)
+                    env = {TAG_VAR: tag}
+                    if via == "start":
+                        proc = await r.start(
+                            argv, name="child", extra_env=env, wait_started=wait_started
+                        )
+                    else:
+                        await r.run(argv, name="child", extra_env=env, wait_started=wait_started)
+                tg.cancel_scope.cancel()
+            event(f"{via}: {'returned' if proc is not None else 'cancelled'}")
+            if proc is not None:
+                # The start returned before its scope was cancelled: the child
+                # is the caller's, who stops it.
+                assert via == "start"
+                await proc.stop()
+            else:
+                assert r.processes == ()
+                assert tagged_pids(tag) == [], "the child of a cancelled start still runs"
+                assert set(children_of(os.getpid())) == before, "the child was not reaped"
+            if how in ("already", "past"):
+                assert proc is None
+                spawned = [m for m in records.messages() if m.startswith("started child ")]
+                assert spawned == [], "a start in a cancelled scope spawned a child"
+    assert tagged_pids(tag) == []

@@ -62,6 +62,10 @@ STOPPED = "STOPPED"
 # A Python child that changes no signal disposition.
 CHILD = "import time, corral.child\ncorral.child.started()\ntime.sleep(1000)\n"
 
+# The child of a request waiting in ``r.run()``: it says it runs, on the
+# server's stdout, which it inherits.
+RUN_CHILD = "import os, time\nos.write(1, b'RUN %d\\n' % os.getpid())\ntime.sleep(1000)\n"
+
 # The handler of a signal, as the test compares it: module and qualified
 # name of a function or bound method, the repr of anything else.
 HOLDER = """
@@ -95,6 +99,7 @@ import corral
 
 TAG = os.environ[{TAG_VAR!r}]
 CHILD = {CHILD!r}
+RUN_CHILD = {RUN_CHILD!r}
 {HOLDER}
 
 @contextlib.asynccontextmanager
@@ -117,7 +122,15 @@ async def status(request):
     return JSONResponse(report([p.pid for p in request.app.state.runner.processes]))
 
 
-app = Starlette(routes=[Route("/", status)], lifespan=lifespan)
+async def run(request):
+    # A request that waits in r.run(); its child says it runs on our stdout.
+    result = await request.app.state.runner.run(
+        [sys.executable, "-c", RUN_CHILD], extra_env={{{TAG_VAR!r}: TAG}}, stdout=None
+    )
+    return JSONResponse({{"returncode": result.returncode}})
+
+
+app = Starlette(routes=[Route("/", status), Route("/run", run)], lifespan=lifespan)
 listener = socket.socket(fileno=int(sys.argv[1]))
 uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=False)).run(sockets=[listener])
 """
@@ -456,3 +469,41 @@ def test_trio_run_keeps_its_sigint_handler(serve: Serve) -> None:
     # KeyboardInterrupt inside Hypercorn's request task, which logs it and
     # serves on (see _stops_server_and_children).  The fixture kills the
     # server; its lifeline kills the children.
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gap", [0.1, 1.0])
+def test_uvicorn_force_quit_with_requests_waiting_in_run(
+    serve: Serve, tag: str, gap: float
+) -> None:
+    """uvicorn's defaults: the first Ctrl-C waits for the open requests, the second forces.
+
+    The requests wait in ``r.run()`` for children that never end on their own.
+    The second Ctrl-C (uvicorn's force quit, which skips the app's shutdown)
+    must end the process, with every child stopped and reaped.
+    """
+    server = serve(UVICORN)
+    connections = []
+    try:
+        for _ in range(3):
+            connection = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            connection.sendall(b"GET /run HTTP/1.1\r\nHost: test\r\n\r\n")
+            connections.append(connection)
+        running = []
+        for _ in connections:
+            line = server._readline(START_BOUND)
+            assert line.startswith("RUN "), f"{line!r}{server.errors()}"
+            running.append(int(line.split()[1]))
+        server.signal(signal.SIGINT)
+        time.sleep(gap)  # the user's second Ctrl-C, this long after the first
+        server.signal(signal.SIGINT)
+        returncode = server.wait(EXIT_BOUND)
+        assert returncode is not None, (
+            f"the second Ctrl-C did not end the server within {EXIT_BOUND} s: "
+            f"{server.still_serving()}{server.errors()}"
+        )
+        assert returncode in ALLOWED_EXITS[signal.SIGINT], f"exit {returncode}{server.errors()}"
+        assert wait_gone(server.children + running + tagged_pids(tag), 10.0) == []
+    finally:
+        for connection in connections:
+            connection.close()

@@ -366,3 +366,21 @@ async def test_lifecycle_records() -> None:
     messages = [r.getMessage() for r in logs.records if r.name == "life"]
     assert any(m.startswith("started t (pid ") for m in messages)
     assert any("t (pid " in m and "exited with code 0" in m for m in messages)
+
+
+@pytest.mark.anyio
+async def test_poll_after_a_foreign_reap_is_never_running(tag: str) -> None:
+    """An application that reaps children itself (``waitpid(-1)``) takes the exit status.
+
+    The child is gone then; poll() and returncode say so at once, before the
+    loop has run again, with the code that wait() then returns (0: the status
+    is lost, as subprocess and Trio report it).
+    """
+    async with corral.open_runner(console=False) as r:
+        p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
+        os.kill(p.pid, signal.SIGKILL)
+        os.waitpid(p.pid, 0)  # someone else collects it
+        assert p.poll() is not None, "a child reaped elsewhere reads as running"
+        assert p.returncode == p.poll()
+        assert "running" not in repr(p)
+        assert await p.wait() == p.poll() == 0

@@ -632,3 +632,103 @@ def test_signalled_pickles() -> None:
 
 def test_nothing_is_subscribed_between_tests() -> None:
     assert not _signals._dispatcher.installed
+
+
+# Trio in guest mode on asyncio, the way Trio's documentation shows it: the
+# host, under asyncio.run, starts the guest run and awaits its end.  The guest
+# opens a runner with two children; each appends the signals it gets to its
+# file and exits on SIGTERM.  asyncio.run holds SIGINT: Ctrl-C cancels the
+# host's task, which the guest never hears of.  argv: tag outdir.
+GUEST_MODE = r'''
+import asyncio, os, signal, sys
+import trio
+import corral
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever we inherited
+tag, outdir = sys.argv[1:3]
+
+CHILD = f"""
+import os, signal, sys, time
+import corral.child
+
+def on_signal(signum, frame):
+    with open(os.path.join({outdir!r}, str(os.getpid())), "a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+    sys.exit(3)
+
+signal.signal(signal.SIGTERM, on_signal)
+corral.child.started()
+while True:
+    time.sleep(600)
+"""
+
+
+async def guest():
+    async with corral.open_runner(name="guest", grace=5, console=False) as r:
+        for i in range(2):
+            await r.start([sys.executable, "-c", CHILD], name=f"c{i}",
+                          extra_env={"CORRAL_TEST_TAG": tag}, wait_started=True)
+        print("READY", *(p.pid for p in r.processes), flush=True)
+        await trio.sleep_forever()
+    print("LEFT", flush=True)
+
+
+async def host():
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def finished(outcome):
+        if not done.done():
+            done.set_result(outcome)
+
+    trio.lowlevel.start_guest_run(
+        guest, run_sync_soon_threadsafe=loop.call_soon_threadsafe, done_callback=finished
+    )
+    (await done).unwrap()
+
+
+try:
+    asyncio.run(host())
+except KeyboardInterrupt:
+    print("OUTCOME KeyboardInterrupt", flush=True)
+'''
+
+
+def test_trio_guest_mode_ctrl_c_stops_the_guests_children_in_order(
+    tmp_path: Path, tag: str
+) -> None:
+    """Ctrl-C under asyncio.run reaches the guest's children as their stop signal.
+
+    Not by the lifeline's SIGKILL once the process is gone: the runner stops
+    them (SIGTERM, grace, SIGKILL, reap) while asyncio.run winds down.
+    """
+    script = tmp_path / "guest.py"
+    script.write_text(GUEST_MODE)
+    outdir = tmp_path / "received"
+    outdir.mkdir()
+    proc = subprocess.Popen(
+        [PY, str(script), tag, str(outdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("READY "), line
+        children = [int(pid) for pid in line.split()[1:]]
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+        out, err = proc.communicate(timeout=20)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert wait_gone(children, 10.0) == []
+    received = {int(path.name): path.read_text().split() for path in outdir.iterdir()}
+    assert received == {pid: ["SIGTERM"] for pid in children}, err
+    assert out.split("\n")[:2] == ["LEFT", "OUTCOME KeyboardInterrupt"], out + err
+    assert took < 5, f"took {took:.2f} s"
+    assert tagged_pids(tag) == []

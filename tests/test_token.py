@@ -112,3 +112,69 @@ def test_same_thread_later_loop_gets_wrong_loop_error() -> None:
 def test_no_loop_at_all() -> None:
     with pytest.raises(corral.WrongLoopError):
         corral.LoopToken.current()
+
+
+def test_trio_guest_mode_each_runner_knows_its_own_loop(tag: str) -> None:
+    """Trio in guest mode on asyncio: two loops on one thread, one runner on each.
+
+    Each runner is labelled with its own loop, and touching it from the other
+    loop's task raises WrongLoopError at once instead of hanging.
+    """
+    env = {TAG_VAR: tag}
+    seen: dict[str, object] = {}
+
+    async def use(runner: corral.Runner, proc: corral.Process, where: str) -> None:
+        errors = []
+        for call in (lambda: runner.run(["true"]), proc.wait, proc.stop):
+            try:
+                with anyio.fail_after(5):
+                    await call()
+            except corral.WrongLoopError as exc:
+                errors.append(exc)
+        for sync_call in (proc.terminate, runner.cancel, lambda: proc.logs()):
+            try:
+                sync_call()
+            except corral.WrongLoopError as exc:
+                errors.append(exc)
+        seen[where] = len(errors)
+
+    async def guest(host: corral.Runner, host_proc: corral.Process, ready: asyncio.Event) -> None:
+        async with corral.open_runner(console=False, name="guest") as r:
+            p = await r.start(["sleep", "1000"], extra_env=env)
+            seen["guest runner"] = r.token.backend
+            await use(host, host_proc, "host's runner from the guest")
+            seen["guest"] = (r, p, trio.lowlevel.current_trio_token())
+            go_on = seen["go on"] = trio.Event()
+            ready.set()
+            await go_on.wait()
+            assert p.returncode is None  # the host's attempts did nothing to it
+            await p.stop()
+
+    async def host() -> None:
+        async with corral.open_runner(console=False, name="host") as r:
+            seen["host runner"] = r.token.backend
+            p = await r.start(["sleep", "1000"], extra_env=env)
+            loop = asyncio.get_running_loop()
+            ready, done = asyncio.Event(), asyncio.Event()
+            trio.lowlevel.start_guest_run(
+                guest,
+                r,
+                p,
+                ready,
+                run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+                done_callback=lambda outcome: (seen.__setitem__("outcome", outcome), done.set()),
+            )
+            await asyncio.wait_for(ready.wait(), 20)
+            guest_runner, guest_proc, guest_token = seen["guest"]  # type: ignore[misc]
+            await use(guest_runner, guest_proc, "guest's runner from the host")
+            guest_token.run_sync_soon(seen["go on"].set)  # type: ignore[attr-defined]
+            await asyncio.wait_for(done.wait(), 20)
+            assert p.returncode is None
+            await p.stop()
+
+    asyncio.run(host())
+    seen["outcome"].unwrap()  # type: ignore[attr-defined]
+    assert seen["host runner"] == "asyncio"
+    assert seen["guest runner"] == "trio"
+    assert seen["host's runner from the guest"] == 6
+    assert seen["guest's runner from the host"] == 6

@@ -40,7 +40,9 @@ from anyio import CancelScope, RunFinishedError
 __all__ = [
     "Backend",
     "LoopHandle",
+    "HostHold",
     "current_loop",
+    "hold_asyncio_host",
     "is_asyncio_main_task",
     "outlast_native_cancel",
     "protect_on_trio",
@@ -90,14 +92,95 @@ class LoopHandle:
 
 
 def current_loop() -> LoopHandle:
-    """Capture the loop running the calling task (Trio's first: guest mode runs in asyncio)."""
+    """Capture the loop running the calling task.
+
+    In Trio's guest mode both loops run on one thread: Trio's tasks run in
+    callbacks of the host loop, and the host's tasks run while Trio's run is
+    alive.  What counts is whose *task* is running: a Trio task belongs to the
+    guest, an asyncio task to the host.  (Outside any task, as in a callback,
+    a Trio run in progress wins, as before.)  Raises :class:`RuntimeError`
+    when no loop runs here.
+    """
     trio = _trio()
-    if trio is not None:
-        try:
-            return LoopHandle("trio", trio.lowlevel.current_trio_token())
-        except RuntimeError:
-            pass
+    if (
+        trio is not None
+        and trio.lowlevel.in_trio_run()
+        and (trio.lowlevel.in_trio_task() or not _in_asyncio_task())
+    ):
+        return LoopHandle("trio", trio.lowlevel.current_trio_token())
     return LoopHandle("asyncio", asyncio.get_running_loop())
+
+
+def _in_asyncio_task() -> bool:
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no asyncio loop runs in this thread
+        return False
+
+
+class HostHold:
+    """An asyncio task on the host loop of a Trio guest run, for one runner.
+
+    In Trio's guest mode on asyncio, the host owns the signals: Ctrl-C under
+    ``asyncio.run`` cancels the host's main task, which the guest never hears
+    of; ``asyncio.run`` then cancels the tasks left, waits for them, and closes
+    the loop, under the guest's feet.  This task is one of those left: when
+    it is cancelled (by that, or by anyone ending the host), it asks the
+    runner to stop (``on_ending``, called on the guest's loop) and holds the
+    host loop until the runner has left, so that its children are stopped in
+    order (stop signal, grace, SIGKILL, reap) instead of by the lifeline.
+    Only the wait for the runner's exit is held, which is bounded as every
+    stop is.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        guest: LoopHandle,
+        on_ending: Callable[[], None],
+    ) -> None:
+        self._left: asyncio.Future[None] = loop.create_future()
+        self._guest = guest
+        self._on_ending = on_ending
+        self._task = loop.create_task(self._hold(), name="corral: the guest runner's hold")
+
+    async def _hold(self) -> None:
+        cancelled = False
+        while not self._left.done():
+            try:
+                await asyncio.shield(self._left)
+            except asyncio.CancelledError:
+                if not cancelled:
+                    cancelled = True
+                    try:
+                        self._guest.call_soon_threadsafe(self._on_ending)
+                    except RunFinishedError:
+                        return  # the guest run is over: nothing left to wait for
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def release(self) -> None:
+        """The runner has left: let the host go on (called on the guest's loop)."""
+        if self._left.done() or self._task.done():
+            return
+        try:
+            self._left.set_result(None)
+        except RuntimeError:  # the host loop is closed already
+            pass
+
+
+def hold_asyncio_host(guest: LoopHandle, on_ending: Callable[[], None]) -> HostHold | None:
+    """A :class:`HostHold` if ``guest`` is Trio running as a guest on an asyncio loop."""
+    if guest.backend != "trio":
+        return None
+    try:
+        host = asyncio.get_running_loop()
+    except RuntimeError:
+        return None  # trio.run: no host loop
+    return HostHold(host, guest, on_ending)
 
 
 def is_asyncio_main_task() -> bool:

@@ -162,6 +162,10 @@ class Lifeline:
         self._next = 0
         self._closing = False
         self._restarts = 0
+        #: Set when a helper was started: wakes a watch() that has none to watch.
+        self._started: anyio.Event | None = None
+        #: A replacement failed; the next change tries again.
+        self._lost = False
 
     @property
     def pid(self) -> int | None:
@@ -194,9 +198,19 @@ class Lifeline:
             raise
         finally:
             theirs.close()
+        try:
+            pidfd = _platform.pidfd_open(pid)
+        except BaseException:
+            ours.close()
+            os.kill(pid, signal.SIGKILL)
+            _platform.wait_blocking(pid)
+            _platform.reap(pid)
+            raise
         self._pid = pid
-        self._pidfd = _platform.pidfd_open(pid)
+        self._pidfd = pidfd
         self._sock = ours
+        if self._started is not None:
+            self._started.set()
         state = [b"+%d 0\n" % pgid for pgid in self._groups]
         state += [b"d" + os.fsencode(folder) + b"\n" for folder in self._folders]
         if state:
@@ -234,31 +248,58 @@ class Lifeline:
     def _send(self, line: bytes) -> None:
         # A short line into a socket that the helper drains at once: the send
         # does not block in practice.  If the helper is gone, replace it.
-        if self._sock is None or self._closing:
+        if self._closing:
             return
+        # Not started yet; or an earlier replacement failed (out of
+        # descriptors): then try again.  The new helper gets the groups and
+        # folders as they are now, so only an announcement is still to send.
+        if self._sock is None and (not self._lost or not self._replace(None) or line[:1] != b"?"):
+            return
+        assert self._sock is not None
         try:
             self._sock.send(line, _SEND_FLAGS)
         except OSError as exc:
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
                 raise
-            self._replace("its socket was closed")
-            # The new helper got the groups and folders already; only a
-            # pending announcement ("?n") would be lost, so resend it.
-            if line[:1] == b"?" and self._sock is not None:
+            # As above: only a pending announcement ("?n") would be lost.
+            if self._replace("its socket was closed") and line[:1] == b"?":
+                assert self._sock is not None
                 self._sock.send(line, _SEND_FLAGS)
 
     # -- watching it --------------------------------------------------------------------
 
-    def _replace(self, why: str) -> None:
+    def _replace(self, why: str | None) -> bool:
+        """Start a new helper in place of a dead one; ``False`` if that failed.
+
+        A failure (the launcher is out of descriptors or processes) is
+        reported and tried again at the next change, never raised: the
+        children run on, supervised as before, and are unprotected only
+        against the launcher's own sudden death until a helper runs again.
+        """
         pid = self._pid
         self._drop()
-        self._restarts += 1
-        if self._on_error is not None:
-            self._on_error(
-                f"the lifeline process (pid {pid}) died ({why}); starting a new one that "
-                f"adopts {len(self._groups)} running process group(s)"
-            )
-        self.start()
+        if why is not None:
+            self._restarts += 1
+            if self._on_error is not None:
+                self._on_error(
+                    f"the lifeline process (pid {pid}) died ({why}); starting a new one that "
+                    f"adopts {len(self._groups)} running process group(s)"
+                )
+        try:
+            self.start()
+        except OSError as exc:
+            if not self._lost and self._on_error is not None:
+                self._on_error(
+                    f"cannot start a new lifeline process ({exc}); until one runs, the "
+                    "children are not killed if the launcher itself dies (trying again "
+                    "at the next start or exit of a child)"
+                )
+            self._lost = True
+            return False
+        if self._lost and self._on_error is not None:
+            self._on_error(f"a new lifeline process (pid {self._pid}) runs again")
+        self._lost = False
+        return True
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -284,8 +325,11 @@ class Lifeline:
             tg.start_soon(stop_at_end)
             while True:
                 fd = self._pidfd
-                if fd is None:  # pragma: no cover - only between _drop and start
-                    return
+                if fd is None:
+                    # A replacement failed: wait until a later one succeeds.
+                    self._started = anyio.Event()
+                    await self._started.wait()
+                    continue
                 try:
                     await anyio.wait_readable(fd)
                 except anyio.ClosedResourceError:

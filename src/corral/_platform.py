@@ -35,6 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from . import _childenv
+from ._errors import CorralError
 
 __all__ = [
     "FD_PER_CHILD",
@@ -42,8 +43,10 @@ __all__ = [
     "exit_status",
     "fd_limits",
     "is_exiting",
+    "open_status",
     "pidfd_open",
     "raise_fd_limit",
+    "require_pidfd",
     "reap",
     "signal_group",
     "spawn",
@@ -52,8 +55,9 @@ __all__ = [
 
 #: Descriptors the launcher holds per running child at most: the pidfd and
 #: the read ends of its stdout and stderr pipes.  Features that add channels
-#: (the start-up handshake, a log connection, ``stdin=PIPE``) add one each
-#: while in use.
+#: (a log connection, ``stdin=PIPE``) add one each while in use; the start-up
+#: handshake adds two until the start is decided (its pipe, and the child's
+#: ``/proc`` status).
 FD_PER_CHILD = 3
 
 # The start-up handshake needs the pipe at descriptor 3 in the child, and
@@ -181,6 +185,42 @@ def pidfd_open(pid: int) -> int:
     return os.pidfd_open(pid)
 
 
+_pidfd_works = False
+
+
+def require_pidfd() -> None:
+    """Raise :class:`~corral.CorralError` unless this system gives pidfds.
+
+    corral waits for every child on its pidfd (``pidfd_open``, Linux 5.3 and
+    later).  Where the call is missing (an older kernel) or forbidden (a
+    seccomp filter, such as an older container runtime's default profile),
+    nothing else would work; better to say so, once, at the runner's entry
+    than to fail at the first child with a bare ``ENOSYS`` or ``EPERM``.
+    """
+    global _pidfd_works
+    if _pidfd_works:
+        return
+    if not hasattr(os, "pidfd_open"):
+        raise CorralError(
+            "corral needs os.pidfd_open (Python on Linux 5.3 or later) to wait for its "
+            "children; this Python does not have it"
+        )
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        raise CorralError(
+            f"corral cannot wait for its children here: the pidfd_open system call fails "
+            f"with {name} ({exc.strerror}). corral needs Linux 5.3 or later, with "
+            "pidfd_open allowed: a seccomp filter (a container's profile, a sandbox) "
+            "that forbids it must allow it"
+        ) from exc
+    os.close(fd)
+    _pidfd_works = True
+
+
 def exited_stand_in() -> int:
     """A descriptor that is readable at once: the pidfd of a child that is already gone."""
     return os.eventfd(1, os.EFD_CLOEXEC)
@@ -244,34 +284,70 @@ def wait_blocking(pid: int) -> int:
 _PF_EXITING = 0x4
 
 
+def _parse_stat(stat: bytes) -> list[bytes]:
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def _stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name, or ``None`` if gone."""
+    """The fields of ``/proc/<pid>/stat`` after the command name, or ``None`` if gone.
+
+    Opens a descriptor for the read: raises :class:`OSError` (``EMFILE``) when
+    the process has none left.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return stat[stat.rfind(b")") + 2 :].split()
+    return _parse_stat(stat)
 
 
-def is_exiting(pid: int) -> bool:
-    """Whether ``pid`` has begun to exit (or is gone), even before it is a zombie.
+def open_status(pid: int) -> int:
+    """A descriptor on ``/proc/<pid>/stat``, for :func:`is_exiting` to read without opening one.
+
+    Taken right after the spawn, while the child cannot have been reaped (so
+    its pid is still its own), and kept as long as the answer may be needed.
+    """
+    return os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def is_exiting(status: int) -> bool:
+    """Whether the process has begun to exit (or is gone), even before it is a zombie.
 
     A process closes its descriptors early in its exit, before its parent
     can see the exit status; a reader that sees end-of-file on a pipe from
     the child asks this to tell "the child closed it" from "the child is
-    exiting".  Reads the ``PF_EXITING`` flag from ``/proc/<pid>/stat``.
+    exiting".  Reads the ``PF_EXITING`` flag from ``/proc/<pid>/stat``,
+    through ``status``, a descriptor from :func:`open_status`: the answer
+    never needs a new descriptor, so it holds at the descriptor limit too.
     """
-    fields = _stat_fields(pid)
-    if fields is None:
-        return True
+    try:
+        stat = os.pread(status, 4096, 0)
+    except ProcessLookupError:
+        return True  # reaped
+    fields = _parse_stat(stat)
     state, flags = fields[0], int(fields[6])
     return state in (b"Z", b"X", b"x") or bool(flags & _PF_EXITING)
 
 
 def gone_or_in_group(pid: int, pgid: int) -> bool:
-    """Whether ``pid`` has exited (or is a zombie) or is still a member of group ``pgid``."""
-    fields = _stat_fields(pid)
+    """Whether ``pid`` has exited (or is a zombie) or is still a member of group ``pgid``.
+
+    Asks ``getpgid`` first, which needs no descriptor; only a process in
+    another group costs a read of ``/proc`` (to tell a zombie).  If that read
+    is impossible (no descriptor left), the process counts as alive elsewhere.
+    """
+    try:
+        if os.getpgid(pid) == pgid:
+            return True
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    try:
+        fields = _stat_fields(pid)
+    except OSError:
+        return False
     if fields is None:
         return True
     return fields[0] in (b"Z", b"X", b"x") or int(fields[2]) == pgid

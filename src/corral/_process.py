@@ -284,7 +284,10 @@ class Process:
             try:
                 run.exit_seen = _platform.exit_status(run.pid)
             except _platform.StatusLost:
-                return None
+                # Reaped by someone else (SIGCHLD ignored, a waitpid(-1)): it is
+                # gone, and its status with it.  The supervisor reports 0 then,
+                # as subprocess and Trio do; so does this, at once.
+                run.exit_seen = 0
         return run.exit_seen
 
     def poll(self) -> int | None:
@@ -577,17 +580,11 @@ class Process:
                     break  # Runner.start reports this one
                 if not self._should_restart(failed):
                     if failed and self._check:
-                        failure = ProcessFailed(
-                            code,
-                            self._spec.argv,
-                            name=self._name,
-                            pid=run.pid,
-                            stdout=_collected(run, "stdout"),
-                            stderr=_collected(run, "stderr", self.stderr_tail),
-                            restarts=self._restarts,
-                        )
+                        failure = self._failure(run, code)
                     break
                 if not await self._restart(run):
+                    if failed and self._check and not self._stop_requested:
+                        failure = self._failure(run, code)
                     break
         finally:
             run = self._run
@@ -597,6 +594,17 @@ class Process:
             self._final.set()
         if failure is not None:
             raise failure
+
+    def _failure(self, run: _Run, code: int) -> ProcessFailed:
+        return ProcessFailed(
+            code,
+            self._spec.argv,
+            name=self._name,
+            pid=run.pid,
+            stdout=_collected(run, "stdout"),
+            stderr=_collected(run, "stderr", self.stderr_tail),
+            restarts=self._restarts,
+        )
 
     def _should_restart(self, failed: bool) -> bool:
         follows = self._restart_follows(failed)
@@ -633,9 +641,18 @@ class Process:
         if self._stop_requested:
             return False
         await anyio.lowlevel.checkpoint()
-        spawned = self._services.spawner.spawn(
-            self._spec, self._services.hub.child_env(self._source)
-        )
+        try:
+            spawned = self._services.spawner.spawn(
+                self._spec, self._services.hub.child_env(self._source)
+            )
+        except OSError as exc:
+            # Out of descriptors (ResourceLimitError), or the program is gone:
+            # this exit stays the last one, a failure as any other (nothing
+            # was spawned, nothing else is affected).
+            self._services.hub.log(
+                logging.ERROR, f"cannot restart {self._name}: {exc}; it stays stopped"
+            )
+            return False
         self._previous = (run.returncode, run.duration or 0.0)
         self._restarts += 1
         self._source.restart()
@@ -711,6 +728,7 @@ class Process:
                 if run.handshake is not None:
                     self._decide_start(run, True)
                     run.handshake.close()
+                _close_status(run)
                 run.leader_exited.set()
             run.returncode = status
             hub.log(*self._exit_record(run))
@@ -757,11 +775,32 @@ class Process:
                     f"malformed JSON ({exc}); it wrote: {quoted!r}"
                     + ("..." if len(handshake.data) > 200 else "")
                 )
-        elif handshake.eof and not exited and not _platform.is_exiting(run.pid):
+        elif handshake.eof and not exited and not self._exiting(run):
             run.started_value = None  # closing the descriptor reports null
         else:
             run.startup_error = StartupFailed(0, self._spec.argv, name=self._name, pid=run.pid)
         run.started.set()
+        _close_status(run)
+
+    def _exiting(self, run: _Run) -> bool:
+        status = run.spawned.status
+        return status is None or _platform.is_exiting(status)
+
+    async def _abandon(self) -> None:
+        """Stop the child and wait until it is reaped, whatever cancels the caller meanwhile.
+
+        For a :meth:`Runner.start` or :meth:`Runner.run` that was cancelled (or
+        failed) before its caller got hold of the child: like
+        :func:`anyio.run_process`, the child is gone before the cancellation
+        goes on.  Shielded, and bounded as every stop is: stop signal, grace,
+        SIGKILL, reap.
+        """
+        run = self._run
+        if self.returncode is None or self._policy.restart != "never":
+            self._request_stop()  # no restart either
+        with anyio.CancelScope(shield=True):
+            await self._stop_run(run, self._grace)
+            await outlast_native_cancel(run.reaped.wait)
 
     async def _wait_started(self) -> None:
         """Wait for the first run's start-up report (for :meth:`Runner.start`)."""
@@ -777,17 +816,18 @@ class Process:
                 f"within {limit:g} s; it was stopped"
             ) from None
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                self._request_stop()
-                await self._stop_run(run, self._grace)
-                await outlast_native_cancel(run.reaped.wait)
+            await self._abandon()
             raise
         error = run.startup_error
         if error is None:
             return
         if isinstance(error, StartupFailed):
             # Wait for the exit to be complete so that the stderr tail is too.
-            await run.done.wait()
+            try:
+                await run.done.wait()
+            except BaseException:
+                await self._abandon()
+                raise
             assert run.returncode is not None
             raise StartupFailed(
                 run.returncode,
@@ -831,6 +871,13 @@ class Process:
             started_value=run.started_value,
             stderr_tail=self.stderr_tail,
         )
+
+
+def _close_status(run: _Run) -> None:
+    spawned = run.spawned
+    if spawned.status is not None:
+        os.close(spawned.status)
+        spawned.status = None
 
 
 def _collected(run: _Run, stream: str, default: bytes | None = None) -> bytes | None:

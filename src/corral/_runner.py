@@ -45,8 +45,7 @@ import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from . import _backend, _launch, _signals
-from ._backend import outlast_native_cancel
+from . import _backend, _launch, _platform, _signals
 from ._hosts import SSH
 from ._launch import DEFAULT_LINK_TIMEOUT, DEFAULT_START_TIMEOUT, LaunchResult
 from ._lifeline import Lifeline
@@ -139,6 +138,7 @@ class Runner:
         self._signal_pending = False
         self._observers: list[Callable[[Process, str], None]] = []
         self._services: ProcessServices | None = None
+        self._host_hold: _backend.HostHold | None = None
 
     # -- properties -------------------------------------------------------------------
 
@@ -189,6 +189,7 @@ class Runner:
         if self._entered:
             raise RuntimeError("a Runner can be entered only once; call open_runner() again")
         self._entered = True
+        _platform.require_pidfd()
         token = LoopToken.current()
         if token.backend == "trio":
             _backend.protect_on_trio(_internal_modules())
@@ -237,6 +238,8 @@ class Runner:
             with anyio.CancelScope(shield=True):
                 await self._monitor.bound.wait()
             hub.log(logging.INFO, f"monitor at {self._monitor.url}")
+        # In Trio's guest mode on asyncio: stop in order when the host ends.
+        self._host_hold = _backend.hold_asyncio_host(token.loop, self._on_host_ending)
         if self._signal_pending:
             tg.cancel_scope.cancel()  # a signal arrived while we were entering
         return self
@@ -307,6 +310,8 @@ class Runner:
                     # every child has exited, nobody can wait on them any more.
                     for stream in list(self._services.open_streams):
                         stream.close()
+                if self._host_hold is not None:
+                    self._host_hold.release()
                 if self._signals is not None:
                     # A signal nobody held before ends the process now, as it
                     # would have without corral (see corral._signals).
@@ -334,6 +339,12 @@ class Runner:
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
         self._hub.abort()
+
+    def _on_host_ending(self) -> None:
+        """On the loop, when the asyncio host of this Trio guest run is ending."""
+        if self._tg is not None and not self._tg.cancel_scope.cancel_called:
+            self._hub.log(logging.INFO, "the host event loop is ending: stopping every child")
+            self._tg.cancel_scope.cancel()
 
     def _lifeline_error(self, message: str) -> None:
         self._hub.log(logging.ERROR, message)
@@ -436,6 +447,12 @@ class Runner:
                 the child was stopped.
             TimeoutError: with ``wait_started``, ``start_timeout`` passed; the
                 child was stopped.
+
+        A start whose task is cancelled before it returns (its scope
+        cancelled, or its deadline passed, even during the spawn itself)
+        stops the child (stop signal, grace, SIGKILL) and reaps it before the
+        cancellation goes on, as :func:`anyio.run_process` does; a start in a
+        scope that is cancelled already spawns nothing.
         """
         proc = await self._start(
             argv,
@@ -504,6 +521,9 @@ class Runner:
         name = self._unique_name(options["name"], spec.program)
         services = self._services
         assert services is not None and self._tg is not None
+        # A start in a cancelled scope (or one whose deadline has passed)
+        # spawns nothing.
+        await _checkpoint_if_cancelled()
         source = self._hub.source(name)
         spawned = services.spawner.spawn(spec, self._hub.child_env(source))
         proc = Process(
@@ -525,8 +545,17 @@ class Runner:
         self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
         self._process_event(proc, "running")
         self._tg.start_soon(proc._supervise, name=f"corral supervisor {self._name}.{name}")
-        # Spawning holds the loop for a few hundred microseconds: let others run.
-        await anyio.lowlevel.checkpoint()
+        try:
+            # Spawning holds the loop for a few hundred microseconds: let others
+            # run.  A cancellation that arrives now (a deadline that passed
+            # during the spawn included) cancels the start: the child is
+            # stopped and reaped first: a start returns only a child its
+            # caller is still there to hold.
+            await anyio.lowlevel.checkpoint()
+            await _checkpoint_if_cancelled()
+        except BaseException:
+            await proc._abandon()
+            raise
         return proc
 
     async def run(
@@ -609,11 +638,7 @@ class Runner:
                 await _feed(proc, bytes(input or b""))
             await proc.wait()
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                if proc.returncode is None:
-                    proc._request_stop()
-                await proc._stop_run(proc._run, proc._grace)
-                await outlast_native_cancel(proc._run.reaped.wait)
+            await proc._abandon()
             raise
         result = proc._completed()
         if check and result.returncode != 0 and not proc._stop_requested:
@@ -806,6 +831,17 @@ class Runner:
             self._children_done.set()
 
 
+async def _checkpoint_if_cancelled() -> None:
+    """Raise the cancellation if the calling task is cancelled, or its deadline has passed.
+
+    :func:`anyio.lowlevel.checkpoint_if_cancelled` sees a cancelled scope, but
+    not a deadline that has passed while the loop has not yet noticed it.
+    """
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    while anyio.current_effective_deadline() <= anyio.current_time():
+        await anyio.lowlevel.checkpoint()  # the deadline's cancellation is on its way
+
+
 async def _feed(proc: Process, data: bytes) -> None:
     """Write ``data`` to the child's stdin and close it; a child that stopped reading is fine."""
     stdin = proc.stdin
@@ -912,6 +948,10 @@ def open_runner(
             :attr:`Runner.monitor_url` (see :doc:`howto/monitor`).  ``True``
             or a port alone (``"8765"``) listens on loopback; port 0 is any
             free port.
+
+    Entering the runner raises :exc:`CorralError` if the system cannot give
+    it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
+    and later, not forbidden by a seccomp filter).
     """
     return Runner(
         name=name,

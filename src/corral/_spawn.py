@@ -15,8 +15,10 @@ the same spec).  :class:`Spawner` turns a spec into a running child:
   lifeline's marker);
 * it tells the lifeline before and after, so that even a launcher killed in
   the middle of a spawn leaves no child behind;
-* and it reserves a descriptor for the child's pidfd before spawning, so
-  running out of descriptors can never strand a spawned child.
+* and it reserves the descriptors a child needs after its spawn (its pidfd,
+  and with the handshake a descriptor on its ``/proc`` status) before
+  spawning, so running out of descriptors can never strand a spawned child,
+  nor make its supervision fail later.
 """
 
 from __future__ import annotations
@@ -201,6 +203,9 @@ class Spawned:
     stdout: int | None = None
     stderr: int | None = None
     handshake: int | None = None
+    #: With the handshake: a descriptor on the child's ``/proc/<pid>/stat``
+    #: (see :func:`corral._platform.open_status`), held until the start is decided.
+    status: int | None = None
 
     def fds(self) -> list[int]:
         return [
@@ -230,8 +235,11 @@ class Spawner:
         child_ends: list[int] = []
         ours: dict[str, int] = {}
         try:
-            # Reserve a descriptor for the pidfd *before* spawning.
+            # Reserve the descriptors the child will need after the spawn
+            # *before* spawning: its pidfd, and with the handshake the status
+            # descriptor that tells a child that closed it from one exiting.
             reserve = self._allocate(_open_devnull, opened)
+            status_reserve = self._allocate(_open_devnull, opened) if spec.wait_started else None
             ends: dict[str, int | None] = {}
             plans = (("stdin", spec.stdin), ("stdout", spec.stdout), ("stderr", spec.stderr))
             for stream, plan in plans:
@@ -290,21 +298,41 @@ class Spawner:
         for fd in child_ends:
             os.close(fd)
         os.close(reserve)
+        if status_reserve is not None:
+            os.close(status_reserve)
+        status: int | None = None
         try:
-            pidfd = _platform.pidfd_open(pid)
-        except ProcessLookupError:
-            # Gone already, and reaped by someone else (SIGCHLD ignored, or the
-            # application reaps children itself): stand in a descriptor that is
-            # readable at once; the supervisor then finds the status lost.
-            pidfd = _platform.exited_stand_in()
-        except OSError as exc:  # pragma: no cover - the reserved slot makes this unlikely
+            try:
+                pidfd = _platform.pidfd_open(pid)
+            except ProcessLookupError:
+                # Gone already, and reaped by someone else (SIGCHLD ignored, or
+                # the application reaps children itself): stand in a descriptor
+                # that is readable at once; the supervisor then finds the status
+                # lost.
+                pidfd = _platform.exited_stand_in()
+            if status_reserve is not None:
+                try:
+                    status = _platform.open_status(pid)
+                except (FileNotFoundError, ProcessLookupError):
+                    pass  # reaped elsewhere, as above: no status counts as exiting
+                except OSError:
+                    os.close(pidfd)
+                    raise
+        except OSError as exc:
+            # Another thread took a reserved slot meanwhile.  Nothing is ours
+            # to supervise the child with: it must not run unsupervised.
             _platform.signal_group(pid, signal.SIGKILL)
-            _platform.wait_blocking(pid)
+            try:
+                _platform.wait_blocking(pid)
+            except _platform.StatusLost:
+                pass
             _platform.reap(pid)
             self._lifeline.remove(pid)
             for fd in ours.values():
                 os.close(fd)
-            raise self._limit_error() from exc
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise self._limit_error() from exc
+            raise
         return Spawned(
             pid,
             pidfd,
@@ -313,6 +341,7 @@ class Spawner:
             stdout=ours.get("stdout"),
             stderr=ours.get("stderr"),
             handshake=ours.get("handshake"),
+            status=status,
         )
 
     def _environment(self, spec: SpawnSpec, extra: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
