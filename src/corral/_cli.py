@@ -20,13 +20,16 @@ Each error is one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import logging
 import math
 import os
 import re
+import select
 import socket
+import stat
 import sys
 import threading
 import time
@@ -131,10 +134,11 @@ class _Stdout:
     SIGPIPE at its first write after the reader has gone, and dies of it.
     Python ignores SIGPIPE and raises :class:`BrokenPipeError` instead, here
     on the log router's thread, where it would stop nothing.  This wrapper
-    does what SIGPIPE would, in order: at the first such write it drops
-    every later one (no error, no work), points the descriptor at /dev/null,
-    and calls ``on_closed`` once (from the writing thread), which stops the
-    run; the command then exits with :data:`EXIT_PIPE`.
+    does what SIGPIPE would, in order: once the reader is gone (a write
+    failed, or :meth:`watched` saw it go) it drops every later write (no
+    error, no work), points the descriptor at /dev/null, and calls the
+    :meth:`when_gone` callback once, which stops the run; the command then
+    exits with :data:`EXIT_PIPE`.
     """
 
     name = "<stdout>"
@@ -153,7 +157,10 @@ class _Stdout:
         return self._gone
 
     def when_gone(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` when the reader goes (now, if it has gone already)."""
+        """Call ``callback()`` when the reader goes (now, if it has gone already).
+
+        It is called from the thread that found out: a log handler's, or the watch's.
+        """
         with self._lock:
             self._on_closed = callback
             gone = self._gone
@@ -178,6 +185,47 @@ class _Stdout:
         _silence(self._stream)
         if callback is not None:
             callback()
+
+    @contextlib.contextmanager
+    def watched(self) -> Iterator[None]:
+        """Notice the reader going even while nothing is written: a thread waits for it.
+
+        Only a pipe or a socket is watched (a reader that goes makes it report
+        an error or a hang-up); a file never closes under the command, and a
+        terminal that goes away sends SIGHUP.
+        """
+        try:
+            fd = self._stream.fileno()
+            mode = os.fstat(fd).st_mode
+        except (OSError, ValueError, AttributeError):
+            mode = 0
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            yield
+            return
+        wake, waker = os.pipe()
+        thread = threading.Thread(
+            target=self._watch, args=(fd, wake), name="corral stdout watch", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            os.write(waker, b"x")
+            thread.join()
+            os.close(wake)
+            os.close(waker)
+
+    def _watch(self, fd: int, wake: int) -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # only what is always reported: POLLERR, POLLHUP, POLLNVAL
+        poller.register(wake, select.POLLIN)
+        while True:
+            for ready, events in poller.poll():
+                if ready == wake or events & select.POLLNVAL:
+                    return
+                if events & (select.POLLERR | select.POLLHUP):
+                    self._went()
+                    return
 
     def write(self, text: str) -> int:
         self.guard(self._stream.write, text)
@@ -863,15 +911,16 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
     split = _urlsplit(url, source, number)
     stdout = _Stdout(sys.stdout)
     try:
-        code = anyio.run(
-            _tail,
-            split,
-            number,
-            stdout,
-            not no_prefix,
-            False if no_color else None,
-            backend="asyncio",
-        )
+        with stdout.watched():
+            code = anyio.run(
+                _tail,
+                split,
+                number,
+                stdout,
+                not no_prefix,
+                False if no_color else None,
+                backend="asyncio",
+            )
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
@@ -904,6 +953,18 @@ def _urlsplit(url: str, source: str, level: int) -> str:
 
 
 async def _tail(url: str, level: int, stdout: _Stdout, prefix: bool, colour: bool | None) -> int:
+    """Follow the log until the runner ends; :data:`EXIT_PIPE` as soon as stdout's reader goes."""
+    import corral
+
+    loop = corral.LoopToken.current().loop
+    code = EXIT_PIPE
+    with anyio.CancelScope() as scope:
+        stdout.when_gone(lambda: _call_soon(loop, scope.cancel))
+        code = await _follow(url, level, stdout, prefix, colour)
+    return EXIT_PIPE if stdout.gone else code
+
+
+async def _follow(url: str, level: int, stdout: _Stdout, prefix: bool, colour: bool | None) -> int:
     import msgspec
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -950,8 +1011,6 @@ async def _tail(url: str, level: int, stdout: _Stdout, prefix: bool, colour: boo
                                 if lvl >= level
                             ]
                             await anyio.to_thread.run_sync(_print_all, console, records)
-                            if stdout.gone:
-                                return EXIT_PIPE
                         elif kind == "dropped":
                             _say(
                                 f"corral tail: {message['count']} records dropped "
@@ -1048,9 +1107,19 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _main_loop(name: str, output: _Output, job: Any) -> NoReturn:
+def _call_soon(loop: Any, fn: Callable[[], object]) -> None:
+    """``fn()`` on ``loop`` soon, from any thread; nothing if the loop has finished."""
     try:
-        code = anyio.run(_serve, name, output, job)
+        loop.call_soon_threadsafe(fn)
+    except anyio.RunFinishedError:
+        pass
+
+
+def _main_loop(name: str, output: _Output, job: Any) -> NoReturn:
+    stdout = _Stdout(sys.stdout)
+    try:
+        with stdout.watched():
+            code = anyio.run(_serve, name, output, job, stdout)
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseExceptionGroup as group:
@@ -1124,10 +1193,9 @@ def _first(group: BaseExceptionGroup[BaseException], kind: type[_E]) -> _E | Non
     return exc
 
 
-async def _serve(name: str, output: _Output, job: Any) -> int:
+async def _serve(name: str, output: _Output, job: Any, stdout: _Stdout) -> int:
     import corral
 
-    stdout = _Stdout(sys.stdout)
     console = corral.ConsoleHandler(
         cast(TextIO, stdout),
         colour=output.colour,
@@ -1145,14 +1213,7 @@ async def _serve(name: str, output: _Output, job: Any) -> int:
         monitor=output.monitor,
     ) as r:
         loop = r.token.loop
-
-        def stop() -> None:  # on the thread that found stdout closed
-            try:
-                loop.call_soon_threadsafe(r.cancel)
-            except anyio.RunFinishedError:
-                pass
-
-        stdout.when_gone(stop)
+        stdout.when_gone(lambda: _call_soon(loop, r.cancel))
         r._observers.append(status.observe)
         if r.monitor_url is not None:
             _say(f"corral: monitor at {r.monitor_url}")
