@@ -437,6 +437,10 @@ MARKING = b"web: touch started; exec sleep 30\n"
         ({}, ["tail", "http://[::1"], 2, "URL"),
         ({}, ["tail", "http://127.0.0.1:99999/?token=x"], 2, "URL"),
         ({}, ["tail", "http://127.0.0.1:9/?token=x", "--level", "\u00b2"], 2, "--level"),
+        ({}, ["run", "--name", "\udcff", "--", "touch", "started"], 2, "--name"),
+        ({}, ["run", "--hosts", "h\udcff", "--", "touch", "started"], 2, "--hosts"),
+        ({}, ["run", "--hosts", "h", "--ssh-user", "\udcff", "--", "true"], 2, "--ssh-user"),
+        ({}, ["tail", "http://127.0.0.1:9/?token=x", "--source", "\udcff"], 2, "--source"),
     ],
     ids=[
         "bad-binary-format",
@@ -463,6 +467,10 @@ MARKING = b"web: touch started; exec sleep 30\n"
         "tail-bad-ipv6",
         "tail-port-out-of-range",
         "tail-level-superscript-two",
+        "name-not-utf8",
+        "hosts-not-utf8",
+        "ssh-user-not-utf8",
+        "tail-source-not-utf8",
     ],
 )
 def test_bad_input_is_one_line_and_its_exit_code(
@@ -504,6 +512,10 @@ _ONE_LINE = st.characters(
 _NAMES = st.one_of(
     st.text(_ONE_LINE, max_size=220),
     st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,120}", fullmatch=True),
+)
+#: An argument as the command gets it: any bytes but NUL (decoded as Python decodes argv).
+_ARGUMENTS = st.binary(max_size=120).map(
+    lambda b: b.replace(b"\0", b"").decode("utf-8", "surrogateescape")
 )
 _PROCFILE_LINES = st.one_of(
     st.builds(
@@ -571,24 +583,28 @@ def test_fuzz_env_file_parsing(data: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(_NAMES)
+@given(st.one_of(_NAMES, _ARGUMENTS))
 def test_fuzz_run_names(name: str) -> None:
-    """``--name``: accepted exactly when the runner takes it; refused in one line."""
+    """``--name``: accepted only if the runner takes it, and every valid one; else one line."""
     try:
         _cli._run_name(name)
     except click.BadParameter as error:
         _one_line(error)
-        with pytest.raises(ValueError):
-            open_runner(name=name)
+        if _cli._is_text(name):  # printable text: refused only as the runner refuses it
+            with pytest.raises(ValueError):
+                open_runner(name=name)
     else:
         open_runner(name=name)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(max_size=60), st.from_regex(r"(ws|http)s?://[^/]*/\?token=.*")))
-def test_fuzz_tail_urls(url: str) -> None:
+@given(
+    st.one_of(st.text(max_size=60), st.from_regex(r"(ws|http)s?://[^/]*/\?token=.*")),
+    st.one_of(st.just("*"), st.text(max_size=20)),
+)
+def test_fuzz_tail_urls(url: str, source: str) -> None:
     try:
-        _cli._urlsplit(url, "*", 20)
+        _cli._urlsplit(url, source, 20)
     except click.BadParameter as error:
         _one_line(error)
 
@@ -606,7 +622,7 @@ def test_fuzz_tail_urls(url: str) -> None:
     ),
     spoil=st.sampled_from([b"", b"\xff", b"\0"]),
     env=_file(_ENV_LINES),
-    name=st.one_of(st.just("up"), _NAMES.filter(lambda n: "\0" not in n)),
+    name=st.one_of(st.just("up"), _NAMES.filter(lambda n: "\0" not in n), _ARGUMENTS),
 )
 def test_fuzz_corral_up_never_shows_a_traceback(
     tag: str, procfile: list[str], spoil: bytes, env: bytes, name: str

@@ -304,12 +304,33 @@ def _grace(value: float) -> float:
     return value
 
 
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is printable UTF-8 text (an argument of bytes that are not is not)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return value.isprintable()
+
+
+def _text_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A click callback: the value (or each value) must be printable UTF-8 text.
+
+    Host names, ssh options and URLs end up in programs that print them
+    back, and in messages; bytes that are not text have no business there.
+    """
+    for item in value if isinstance(value, tuple) else [value]:
+        if item is not None and not _is_text(item):
+            raise click.BadParameter(f"{_shorten(item)} is not printable UTF-8 text")
+    return value
+
+
 def _run_name(value: str) -> str:
     from ._runner import MAX_NAME
 
-    if not value or len(value) > MAX_NAME or _BAD_NAME.search(value):
+    if not value or len(value) > MAX_NAME or _BAD_NAME.search(value) or not _is_text(value):
         raise click.BadParameter(
-            f"{_shorten(value)} is not a run name: 1-{MAX_NAME} characters, "
+            f"{_shorten(value)} is not a run name: 1-{MAX_NAME} printable characters, "
             "without spaces, dots or slashes",
             param_hint="--name",
         )
@@ -395,6 +416,7 @@ def _output_options(func: Any) -> Any:
 @click.option(
     "--hosts",
     metavar="H1,H2|slurm",
+    callback=_text_option,
     help="Run on these hosts over ssh, or on the Slurm allocation's nodes.",
 )
 @click.option(
@@ -418,10 +440,19 @@ def _output_options(func: Any) -> Any:
     show_default=True,
     help="Restarts allowed with --restart on-failure.",
 )
-@click.option("--ssh-user", help="The remote user for --hosts.")
-@click.option("--ssh-identity", type=click.Path(dir_okay=False), help="An ssh private key.")
+@click.option("--ssh-user", callback=_text_option, help="The remote user for --hosts.")
 @click.option(
-    "--ssh-option", multiple=True, metavar="OPTION", help="An extra ssh argument (repeatable)."
+    "--ssh-identity",
+    type=click.Path(dir_okay=False),
+    callback=_text_option,
+    help="An ssh private key.",
+)
+@click.option(
+    "--ssh-option",
+    multiple=True,
+    metavar="OPTION",
+    callback=_text_option,
+    help="An extra ssh argument (repeatable).",
 )
 @_output_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -883,8 +914,14 @@ Examples:
 
 
 @cli.command(epilog=_EXAMPLES_TAIL, context_settings=_CONTEXT)
-@click.argument("url")
-@click.option("--source", default="*", show_default=True, help="Only sources matching this glob.")
+@click.argument("url", callback=_text_option)
+@click.option(
+    "--source",
+    default="*",
+    show_default=True,
+    callback=_text_option,
+    help="Only sources matching this glob.",
+)
 @click.option(
     "--level",
     default="INFO",
