@@ -941,6 +941,26 @@ def test_a_closed_stdout_stops_quiet_workers_too(tmp_path: Path, tag: str) -> No
     assert wait_gone(pids, 5) == []
 
 
+def test_stdout_on_a_full_disk_stops_everything_with_one_line(tmp_path: Path, tag: str) -> None:
+    """``corral run ... > /dev/full``: as ``echo hi > /dev/full``, one line and exit code 1."""
+    script = 'echo "first $RANK"; exec sleep 60'
+    with open("/dev/full", "w") as full:
+        started = time.monotonic()
+        out = subprocess.run(
+            corral_argv("run", "-n", "2", "--grace", "10", "--", *sh(script)),
+            cwd=tmp_path,
+            env=environ(tag),
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=20,
+        )
+    assert out.stderr == "corral: error: cannot write to stdout: No space left on device\n"
+    assert out.returncode == 1
+    assert time.monotonic() - started < 5  # the workers were stopped, not waited for
+
+
 def test_tail_into_a_closed_pipe_ends_with_141(tmp_path: Path, tag: str) -> None:
     """``corral tail URL | head -1`` ends too, and leaves the run it watched alone."""
     argv = corral_argv("run", "--monitor", "127.0.0.1:0", "--", *sh(CHATTY))

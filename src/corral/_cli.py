@@ -138,7 +138,9 @@ class _Stdout:
     failed, or :meth:`watched` saw it go) it drops every later write (no
     error, no work), points the descriptor at /dev/null, and calls the
     :meth:`when_gone` callback once, which stops the run; the command then
-    exits with :data:`EXIT_PIPE`.
+    exits with :data:`EXIT_PIPE`.  Any other error writing to stdout (a full
+    disk) stops the run the same way, and the command exits with 1 and says
+    why (:attr:`error`), as ``echo hi > /dev/full`` does.
     """
 
     name = "<stdout>"
@@ -150,6 +152,8 @@ class _Stdout:
         self._lock = threading.Lock()
         self._gone = False
         self._on_closed: Callable[[], None] | None = None
+        #: What a write raised that was not the reader going, if one did.
+        self.error: OSError | None = None
 
     @property
     def gone(self) -> bool:
@@ -175,12 +179,15 @@ class _Stdout:
             call(*args)
         except _READER_GONE:
             self._went()
+        except OSError as exc:
+            self._went(exc)
 
-    def _went(self) -> None:
+    def _went(self, error: OSError | None = None) -> None:
         with self._lock:
             if self._gone:
                 return
             self._gone = True
+            self.error = error
             callback = self._on_closed
         _silence(self._stream)
         if callback is not None:
@@ -960,6 +967,7 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
             )
     except KeyboardInterrupt:
         code = 130
+    _check_written(stdout)
     sys.exit(code)
 
 
@@ -1144,6 +1152,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _check_written(stdout: _Stdout) -> None:
+    """Exit with 1 and say why if stdout failed otherwise than by its reader going."""
+    if stdout.error is not None:
+        _fail(f"cannot write to stdout: {stdout.error.strerror or stdout.error}", 1)
+
+
 def _call_soon(loop: Any, fn: Callable[[], object]) -> None:
     """``fn()`` on ``loop`` soon, from any thread; nothing if the loop has finished."""
     try:
@@ -1163,6 +1177,7 @@ def _main_loop(name: str, output: _Output, job: Any) -> NoReturn:
         sys.exit(_from_group(group, job.programs))
     except BaseException as exc:
         sys.exit(_from_group(BaseExceptionGroup("", [exc]), job.programs))
+    _check_written(stdout)
     sys.exit(code)
 
 
