@@ -352,7 +352,11 @@ class _Daemon:
         assert self.proc.stdout is not None
         self.output = _Output(name, self.proc.stdout)
         # Killed by the session's reaper if the session ends without stopping it.
-        self._reaper_key = _reaper.session().process(self.proc.pid)
+        try:
+            self._reaper_key = _reaper.session().process(self.proc.pid)
+        except BaseException:
+            self.stop(gently=False)
+            raise
 
     @property
     def pid(self) -> int:
@@ -403,8 +407,9 @@ class _Daemon:
                     f"and was killed; its output:\n{self.output.text()}"
                 ) from None
         finally:
-            if self.proc.returncode is not None:  # reaped: its pid is no longer its own
-                _reaper.session().forget(self._reaper_key)
+            key = getattr(self, "_reaper_key", None)
+            if key is not None and self.proc.returncode is not None:  # reaped: pid not its own
+                _reaper.session().forget(key)
             # Anything the daemon started that still holds the pipe is killed by the caller's
             # later cleanup; do not hang here for it.
             self.output.join(1.0)
