@@ -899,13 +899,17 @@ def test_a_closed_stdout_stops_everything_as_sigpipe_would(
     if command == "run":
         argv = corral_argv("run", "-n", "2", "--grace", "10", "--", *sh(CHATTY))
     else:
-        (tmp_path / "Procfile").write_text(f"chatty: {CHATTY}\nquiet: exec sleep 60\n")
+        (tmp_path / "Procfile").write_text(f"chatty: {CHATTY}\nquiet: echo up; exec sleep 60\n")
         argv = corral_argv("up", "--grace", "10")
     proc = start_piped(argv, tmp_path, tag, stderr_too=stderr_too)
     try:
         assert proc.stdout is not None
-        first = proc.stdout.readline().rstrip("\n")
-        assert PREFIXED.fullmatch(first), first
+        sources = set()
+        while len(sources) < 2:  # both have started
+            line = proc.stdout.readline().rstrip("\n")
+            match = PREFIXED.fullmatch(line)
+            assert match, line
+            sources.add(match["source"])
         pids = tagged_pids(tag)
         assert len(pids) >= 3, pids  # corral and its workers
         code, elapsed, err = finish_piped(proc)
