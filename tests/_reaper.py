@@ -274,7 +274,7 @@ def _clean_up(
             except (OSError, subprocess.SubprocessError) as exc:
                 _say(f"cannot list the processes of {action['name']}: {exc}")
     if pids or pidfds:
-        _say(f"the session ended without its cleanup: killing {len(pids) + len(pidfds)} processes")
+        _say(f"killing {len(pids) + len(pidfds)} processes the session left behind")
     _kill_all(list(pidfds.values()), pids)
     for key in sorted(actions, reverse=True):
         try:
