@@ -43,8 +43,10 @@ project's conftest turns into a failure in CI.  With root, anything missing or m
 loud failure that quotes the daemon's own output.  Readiness is always an event, a line the
 daemon writes when it is ready, waited for with a deadline; teardown stops every daemon by its
 pid, kills whatever the tests left running under it, and removes every namespace, link, file and
-``/etc/hosts`` line it added.  Each setup also first removes what a crashed earlier session may
-have left with the same names.
+``/etc/hosts`` line it added.  Every one of those steps is also registered with the session's
+reaper (``tests/_reaper.py``, a watchdog process), which does it if the session ends without its
+teardown: killed, or ended by pytest-timeout's ``os._exit``.  Each setup also first removes what
+a crashed earlier session may have left with the same names, once that session's reaper is done.
 
 The Debian packages these fixtures need are listed in ``.ci/apt-packages.txt``.
 """
@@ -64,11 +66,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import IO
 
+import _reaper
 import pytest
 
 __all__ = ["SlurmCluster", "SshHost", "SshHosts", "slurm_cluster", "ssh_hosts"]
@@ -382,6 +385,12 @@ class _Daemon:
         )
         assert self.proc.stdout is not None
         self.output = _Output(name, self.proc.stdout)
+        # Killed by the session's reaper if the session ends without stopping it.
+        try:
+            self._reaper_key = _reaper.session().process(self.proc.pid)
+        except BaseException:
+            self.stop(gently=False)
+            raise
 
     @property
     def pid(self) -> int:
@@ -432,9 +441,27 @@ class _Daemon:
                     f"and was killed; its output:\n{self.output.text()}"
                 ) from None
         finally:
+            key = getattr(self, "_reaper_key", None)
+            if key is not None and self.proc.returncode is not None:  # reaped: pid not its own
+                _reaper.session().forget(key)
             # Anything the daemon started that still holds the pipe is killed by the caller's
             # later cleanup; do not hang here for it.
             self.output.join(1.0)
+
+
+def _undo_later(
+    undo: contextlib.ExitStack, key: int, step: Callable[..., object], *args: object
+) -> None:
+    """Run ``step(*args)`` in the teardown, which the reaper (``key``) does if there is none.
+
+    Once the step has run, the session's reaper is told so, and will not do it again.
+    """
+
+    def run() -> None:
+        step(*args)
+        _reaper.session().forget(key)
+
+    undo.callback(run)
 
 
 def _fail(message: str, *daemons: _Daemon) -> None:
@@ -504,6 +531,10 @@ def _private_dir(prefix: str) -> Path:
                 "running: these fixtures can only be up in one session on a machine at a time",
                 pytrace=False,
             )
+        # A session that ended without its teardown: its reaper may be removing this very
+        # directory, namespaces and all, right now.  Let it finish first.
+        if not _reaper.wait_for_reaper_of(other, time.monotonic() + 3 * DAEMON_DEADLINE):
+            pytest.fail(f"the reaper of the session that made {other} is still at work")
         _kill(_pids_mentioning(str(other)))
         shutil.rmtree(other, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
@@ -617,7 +648,7 @@ def _start_ssh_hosts(undo: contextlib.ExitStack) -> SshHosts:
     _program("ip")
 
     workdir = _private_dir(SSH_DIR_PREFIX)
-    undo.callback(shutil.rmtree, workdir, ignore_errors=True)
+    _undo_later(undo, _reaper.session().directory(workdir), shutil.rmtree, workdir, True)
     client_key = workdir / "client_key"
     _run([keygen, "-q", "-t", "ed25519", "-N", "", "-C", "corral-tests", "-f", str(client_key)])
     authorized_keys = workdir / "authorized_keys"
@@ -635,7 +666,7 @@ def _start_ssh_hosts(undo: contextlib.ExitStack) -> SshHosts:
         root_link = f"{name}r"
 
         _remove_netns(name, root_link)  # what a crashed session may have left
-        undo.callback(_remove_netns, name, root_link)
+        _undo_later(undo, _reaper.session().netns(name, root_link), _remove_netns, name, root_link)
         _run(["ip", "netns", "add", name])
         _run(
             ["ip", "link", "add", root_link, "type", "veth", "peer", "name", "eth0", "netns", name]
@@ -766,7 +797,7 @@ def _start_slurm_cluster(undo: contextlib.ExitStack) -> SlurmCluster:
         _program(client)
 
     workdir = _private_dir(SLURM_DIR_PREFIX)
-    undo.callback(shutil.rmtree, workdir, ignore_errors=True)
+    _undo_later(undo, _reaper.session().directory(workdir), shutil.rmtree, workdir, True)
     # munged insists that its socket's directory be searchable by everyone.
     workdir.chmod(0o755)
     dirs = {name: workdir / name for name in ("munge", "state", "spool", "run", "log")}
@@ -808,7 +839,8 @@ def _start_slurm_cluster(undo: contextlib.ExitStack) -> SlurmCluster:
     # Registered before anything starts, so it runs after every daemon has been stopped: kill
     # whatever the tests left in the cluster (salloc, srun, slurmstepd, tasks: all of them carry
     # SLURM_CONF in their environment or the work dir on their command line).
-    undo.callback(lambda: _kill(_pids_mentioning(str(workdir))))
+    key = _reaper.session().mentioning(str(workdir))
+    _undo_later(undo, key, lambda: _kill(_pids_mentioning(str(workdir))))
 
     # munge: a private key, daemon and socket, so that the machine's own munge (if any) is
     # neither needed nor disturbed.
@@ -874,7 +906,8 @@ def _add_etc_hosts(undo: contextlib.ExitStack, names: Iterable[str]) -> None:
     back.
     """
     kept = _without_our_lines(ETC_HOSTS.read_text())
-    undo.callback(lambda: _rewrite(ETC_HOSTS, _without_our_lines(ETC_HOSTS.read_text())))
+    key = _reaper.session().etc_hosts(ETC_HOSTS_MARK)
+    _undo_later(undo, key, lambda: _rewrite(ETC_HOSTS, _without_our_lines(ETC_HOSTS.read_text())))
     separator = "" if kept.endswith("\n") or not kept else "\n"
     _rewrite(ETC_HOSTS, f"{kept}{separator}127.0.0.1 {' '.join(names)}  {ETC_HOSTS_MARK}\n")
 

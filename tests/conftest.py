@@ -11,18 +11,43 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import _reaper
 import anyio
 import anyio.to_thread
 import pytest
 from hypothesis import settings
 
 TAG_VAR = "CORRAL_TEST_TAG"
+
+#: The signals the tests send and expect to act: a session started with one of them ignored
+#: (``nohup``, ``&`` in a script) takes them back at once.
+SESSION_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Defend the session before anything runs.
+
+    A process started by ``nohup`` or by ``&`` in a non-interactive shell inherits SIGHUP, or
+    SIGINT and SIGQUIT, as ignored (or blocked); Python leaves them so, and so would every child
+    a test starts: the tests that send them would fail or hang.  They get their defaults back
+    (Python's KeyboardInterrupt for SIGINT).  Then the session's reaper starts (see
+    ``tests/_reaper.py``): whatever a fixture or a test started is killed, and every namespace
+    removed, even when the session ends without its teardown (pytest-timeout's ``os._exit``).
+    """
+    for signum in SESSION_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, default)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SESSION_SIGNALS)
+    _reaper.session()
+
 
 # In CI: no per-example deadlines (a loaded machine is not a failing test), and
 # the same examples every run, so that a failure can be reproduced.

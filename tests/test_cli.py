@@ -22,18 +22,25 @@ import pty
 import re
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import click
 import pyte
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tests.conftest import TAG_VAR, release, tagged_pids, wait_gone
+
+from corral import _cli, open_runner
 
 if TYPE_CHECKING:
     import _hosts
@@ -387,6 +394,252 @@ def test_a_command_that_cannot_start(
     assert out.stderr == f"corral: error: cannot run {program!r}: {reason}\n"
 
 
+#: An executable file of no format the kernel can run.
+BAD_BINARY = b"\x7fELF\x02\x01\x01" + bytes(9) + b"not really an ELF file"
+#: A Procfile that leaves a mark if anything starts.
+MARKING = b"web: touch started; exec sleep 30\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "code", "says"),
+    [
+        ({"bad": BAD_BINARY}, ["run", "--", "./bad"], 126, "cannot run './bad': Exec format error"),
+        ({}, ["run", "--name", "a.b", "--", "touch", "started"], 2, "--name"),
+        ({}, ["run", "--name", "a b", "--", "touch", "started"], 2, "--name"),
+        ({}, ["run", "--name", "x" * 200, "--", "touch", "started"], 2, "(200 characters)"),
+        ({"Procfile": MARKING}, ["up", "--name", "a/b"], 2, "--name"),
+        ({"Procfile": b"x" * 150 + b": touch started\n"}, ["up"], 2, "Procfile, line 1: the name"),
+        ({"Procfile": MARKING + b"bad: echo \xff\n"}, ["up"], 2, "line 2: not UTF-8 text"),
+        ({"Procfile": MARKING + b"bad: echo a\0b\n"}, ["up"], 2, "line 2: a NUL character"),
+        ({"Procfile": MARKING, ".env": b"A=1\nB=a\0b\n"}, ["up"], 2, ".env, line 2: a NUL"),
+        ({"Procfile": MARKING, ".env": b"A=\xe9t\xe9\n"}, ["up"], 2, ".env, line 1: not UTF-8"),
+        ({"Procfile": MARKING, ".env": b"A=" + b"x" * 2**20}, ["up"], 2, ".env is larger than"),
+        (
+            {"Procfile": MARKING, ".env": b"B=1\nA=" + b"x" * 200_000},
+            ["up"],
+            2,
+            ".env, line 2: 'A'",
+        ),
+        ({"Procfile": MARKING, ".env": b"B=1\nnot a line\n"}, ["up"], 2, ".env, line 2: cannot"),
+        ({"Procfile": MARKING, ".env": b"PORT=http\n"}, ["up"], 2, "PORT='http'"),
+        ({"Procfile": MARKING}, ["up", "-c", "web=\u00b2"], 2, "--concurrency"),
+        ({"Procfile": MARKING}, ["up", "-c", "web=99999999999999999"], 2, "--concurrency"),
+        ({"Procfile": MARKING}, ["up", "--grace", "nan"], 2, "--grace"),
+        ({}, ["run", "--grace", "inf", "--", "touch", "started"], 2, "--grace"),
+        ({}, ["run", "-n", "100000000000", "--", "touch", "started"], 2, "--nproc-per-node"),
+        (
+            {"file": b""},
+            ["run", "--log-dir", "file/logs", "--", "touch", "started"],
+            2,
+            "--log-dir",
+        ),
+        ({}, ["run", "--monitor", "192.0.2.1:0", "--", "touch", "started"], 2, "--monitor"),
+        ({}, ["tail", "http://[::1"], 2, "URL"),
+        ({}, ["tail", "http://127.0.0.1:99999/?token=x"], 2, "URL"),
+        ({}, ["tail", "http://127.0.0.1:9/?token=x", "--level", "\u00b2"], 2, "--level"),
+        ({}, ["run", "--name", "\udcff", "--", "touch", "started"], 2, "--name"),
+        ({}, ["run", "--hosts", "h\udcff", "--", "touch", "started"], 2, "--hosts"),
+        ({}, ["run", "--hosts", "h", "--ssh-user", "\udcff", "--", "true"], 2, "--ssh-user"),
+        ({}, ["tail", "http://127.0.0.1:9/?token=x", "--source", "\udcff"], 2, "--source"),
+    ],
+    ids=[
+        "bad-binary-format",
+        "name-with-a-dot",
+        "name-with-a-space",
+        "name-of-200",
+        "up-name-with-a-slash",
+        "procfile-name-of-150",
+        "procfile-not-utf8",
+        "procfile-nul",
+        "env-nul",
+        "env-not-utf8",
+        "env-1mib-value",
+        "env-200kib-value",
+        "env-unparsable-line",
+        "env-port-not-a-number",
+        "concurrency-superscript-two",
+        "concurrency-huge",
+        "grace-nan",
+        "grace-inf",
+        "nproc-huge",
+        "log-dir-under-a-file",
+        "monitor-address-not-ours",
+        "tail-bad-ipv6",
+        "tail-port-out-of-range",
+        "tail-level-superscript-two",
+        "name-not-utf8",
+        "hosts-not-utf8",
+        "ssh-user-not-utf8",
+        "tail-source-not-utf8",
+    ],
+)
+def test_bad_input_is_one_line_and_its_exit_code(
+    tmp_path: Path, tag: str, files: dict[str, bytes], args: list[str], code: int, says: str
+) -> None:
+    """No traceback: one line on stderr naming what is wrong, the documented code, nothing run."""
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        (tmp_path / name).chmod(0o755)
+    out = corral(*args, cwd=tmp_path, tag=tag)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("corral") and "error: " in out.stderr, out.stderr
+    assert says in out.stderr, out.stderr
+    assert out.returncode == code, out.stderr
+    assert out.stdout == ""
+    assert not (tmp_path / "started").exists()
+
+
+def test_a_monitor_port_in_use_is_a_bad_argument(tmp_path: Path, tag: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        out = corral("run", "--monitor", address, "--", "touch", "started", cwd=tmp_path, tag=tag)
+    assert out.stderr.endswith(
+        f"cannot listen on {address!r}: Address already in use (see corral run --help)\n"
+    ), out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    assert out.returncode == 2
+    assert not (tmp_path / "started").exists()
+
+
+# -- fuzzing: whatever the input, no traceback --------------------------------------------
+
+#: Text that cannot start a new line of a Procfile or a .env file, nor end a name.
+_ONE_LINE = st.characters(
+    exclude_categories=["Cs"], exclude_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029:"
+)
+#: A name as a user might type it, or not.
+_NAMES = st.one_of(
+    st.text(_ONE_LINE, max_size=220),
+    st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,120}", fullmatch=True),
+)
+#: An argument as the command gets it: any bytes but NUL (decoded as Python decodes argv).
+_ARGUMENTS = st.binary(max_size=120).map(
+    lambda b: b.replace(b"\0", b"").decode("utf-8", "surrogateescape")
+)
+_PROCFILE_LINES = st.one_of(
+    st.builds(
+        lambda name, sep, command: f"{name}{sep}{command}",
+        _NAMES,
+        st.sampled_from([":", ": ", " :\t", "::"]),
+        st.text(max_size=40),
+    ),
+    st.text(max_size=80),
+)
+_ENV_LINES = st.one_of(
+    st.builds(
+        lambda export, key, quote, value: f"{export}{key}={quote}{value}{quote}",
+        st.sampled_from(["", "export "]),
+        _NAMES,
+        st.sampled_from(["", "'", '"']),
+        st.text(max_size=60),
+    ),
+    st.text(max_size=80),
+)
+
+
+def _file(lines: st.SearchStrategy[str]) -> st.SearchStrategy[bytes]:
+    """Files of such lines, sometimes with bytes that are not UTF-8, or any bytes at all."""
+    text = st.lists(lines, max_size=12).map(lambda ls: "\n".join(ls).encode())
+    spoilt = st.tuples(text, st.binary(min_size=1, max_size=4)).map(lambda t: t[0] + t[1])
+    return st.one_of(text, spoilt, st.binary(max_size=400))
+
+
+def _one_line(error: click.ClickException) -> str:
+    message = error.format_message()
+    assert message and len(message.splitlines()) == 1, repr(message)
+    return message
+
+
+@settings(max_examples=300, deadline=None)
+@given(_file(_PROCFILE_LINES))
+def test_fuzz_procfile_parsing(data: bytes) -> None:
+    """Any Procfile: its processes, each startable under its copies' names, or one line."""
+    try:
+        processes = _cli.parse_procfile(data, "Procfile")
+    except _cli.ProcfileError as error:
+        _one_line(error)
+        return
+    assert processes
+    for name, command in processes.items():
+        assert "\0" not in command and "\n" not in command
+        # A name the runner takes for every copy (NAME.1 to NAME.MAX_COPIES).
+        assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name), name
+        assert len(f"{name}.{_cli.MAX_COPIES}") <= 100
+
+
+@settings(max_examples=300, deadline=None)
+@given(_file(_ENV_LINES))
+def test_fuzz_env_file_parsing(data: bytes) -> None:
+    """Any .env file: variables any program can be started with, or one line."""
+    try:
+        env = _cli.parse_env_file(data, ".env")
+    except _cli.EnvFileError as error:
+        _one_line(error)
+        return
+    for key, value in env.items():
+        assert key and "=" not in key and "\0" not in key + value
+        assert len(f"{key}={value}".encode()) < _cli.MAX_VARIABLE
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_NAMES, _ARGUMENTS))
+def test_fuzz_run_names(name: str) -> None:
+    """``--name``: accepted only if the runner takes it, and every valid one; else one line."""
+    try:
+        _cli._run_name(name)
+    except click.BadParameter as error:
+        _one_line(error)
+        if _cli._is_text(name):  # printable text: refused only as the runner refuses it
+            with pytest.raises(ValueError):
+                open_runner(name=name)
+    else:
+        open_runner(name=name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.text(max_size=60), st.from_regex(r"(ws|http)s?://[^/]*/\?token=.*")),
+    st.one_of(st.just("*"), st.text(max_size=20)),
+)
+def test_fuzz_tail_urls(url: str, source: str) -> None:
+    try:
+        _cli._urlsplit(url, source, 20)
+    except click.BadParameter as error:
+        _one_line(error)
+
+
+@pytest.mark.timeout(120)
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    procfile=st.lists(
+        st.one_of(_NAMES.map(lambda name: f"{name}: true"), st.text(_ONE_LINE, max_size=40)),
+        max_size=4,
+    ),
+    spoil=st.sampled_from([b"", b"\xff", b"\0"]),
+    env=_file(_ENV_LINES),
+    name=st.one_of(st.just("up"), _NAMES.filter(lambda n: "\0" not in n), _ARGUMENTS),
+)
+def test_fuzz_corral_up_never_shows_a_traceback(
+    tag: str, procfile: list[str], spoil: bytes, env: bytes, name: str
+) -> None:
+    """The real command, on fuzzed Procfiles (whose commands are all ``true``), .env and names."""
+    with tempfile.TemporaryDirectory() as folder:
+        cwd = Path(folder)
+        (cwd / "Procfile").write_bytes("\n".join(procfile).encode() + spoil)
+        (cwd / ".env").write_bytes(env)
+        out = corral("up", "--name", name, cwd=cwd, tag=tag)
+    assert "Traceback" not in out.stderr, out.stderr
+    if out.returncode != 0:
+        assert out.returncode == 2, out.stderr
+        assert len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.startswith("corral"), out.stderr
+
+
 # -- corral run: output --------------------------------------------------------------------
 
 
@@ -581,6 +834,169 @@ def test_ctrl_c_during_the_restart_backoff(tmp_path: Path, tag: str) -> None:
         assert time.monotonic() - started < 1.5  # the backoff was not waited out
     finally:
         running.close()
+
+
+# -- a closed stdout (| head) -----------------------------------------------------------
+
+#: A worker that writes as fast as it can.
+CHATTY = 'i=0; while :; do echo "line $i"; i=$((i + 1)); done'
+
+
+def start_piped(argv: list[str], cwd: Path, tag: str, *, stderr_too: bool) -> subprocess.Popen[str]:
+    """``argv`` with stdout (and maybe stderr) a pipe the test reads, as ``| head`` would."""
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=environ(tag),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr_too else subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish_piped(proc: subprocess.Popen[str], timeout: float = 15) -> tuple[int, float, str]:
+    """Close the test's end of stdout, as ``head`` does once it has its line.
+
+    Returns the exit code, the seconds from the close to the exit, and what
+    the command wrote to stderr (when stderr is a pipe of its own).
+    """
+    assert proc.stdout is not None
+    proc.stdout.close()
+    started = time.monotonic()
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"still running {timeout} s after its stdout was closed")
+    elapsed = time.monotonic() - started
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    return code, elapsed, err
+
+
+def close_piped(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.mark.parametrize("stderr_too", [False, True], ids=["stdout", "stdout-and-stderr"])
+@pytest.mark.parametrize("command", ["run", "up"])
+def test_a_closed_stdout_stops_everything_as_sigpipe_would(
+    tmp_path: Path, tag: str, command: str, stderr_too: bool
+) -> None:
+    """``corral run ... | head -1`` with chatty workers: exit 141 at once, workers stopped.
+
+    141 is 128 + SIGPIPE, what a program killed by SIGPIPE exits with; but the
+    workers are stopped first (they obey the stop signal: well under the
+    10 s grace), nothing is written to stderr, and nothing burns CPU on.
+    """
+    if command == "run":
+        argv = corral_argv("run", "-n", "2", "--grace", "10", "--", *sh(CHATTY))
+    else:
+        (tmp_path / "Procfile").write_text(f"chatty: {CHATTY}\nquiet: echo up; exec sleep 60\n")
+        argv = corral_argv("up", "--grace", "10")
+    proc = start_piped(argv, tmp_path, tag, stderr_too=stderr_too)
+    try:
+        assert proc.stdout is not None
+        sources = set()
+        while len(sources) < 2:  # both have started
+            line = proc.stdout.readline().rstrip("\n")
+            match = PREFIXED.fullmatch(line)
+            assert match, line
+            sources.add(match["source"])
+        pids = tagged_pids(tag)
+        assert len(pids) >= 3, pids  # corral and its workers
+        code, elapsed, err = finish_piped(proc)
+    finally:
+        close_piped(proc)
+    assert err == ""
+    assert code == 141
+    assert elapsed < 5
+    assert wait_gone(pids, 5) == []
+
+
+def test_a_closed_stdout_stops_quiet_workers_too(tmp_path: Path, tag: str) -> None:
+    """Workers that say one line and then wait for ever: the reader going stops them.
+
+    Nothing is written after the close, so no write fails: corral notices the
+    pipe's reader going by itself, at once.
+    """
+    make_fifos(tmp_path, 2)
+    script = 'echo "ready $RANK"; read x < fifo-$RANK; echo "released $RANK"'
+    argv = corral_argv("run", "-n", "2", "--grace", "10", "--", *sh(script))
+    proc = start_piped(argv, tmp_path, tag, stderr_too=False)
+    try:
+        assert proc.stdout is not None
+        for _ in range(2):
+            assert "| ready" in proc.stdout.readline()
+        pids = tagged_pids(tag)
+        code, elapsed, err = finish_piped(proc)
+    finally:
+        close_piped(proc)
+    assert err == ""
+    assert code == 141
+    assert elapsed < 5
+    assert wait_gone(pids, 5) == []
+
+
+def test_stdout_on_a_full_disk_stops_everything_with_one_line(tmp_path: Path, tag: str) -> None:
+    """``corral run ... > /dev/full``: as ``echo hi > /dev/full``, one line and exit code 1."""
+    script = 'echo "first $RANK"; exec sleep 60'
+    with open("/dev/full", "w") as full:
+        started = time.monotonic()
+        out = subprocess.run(
+            corral_argv("run", "-n", "2", "--grace", "10", "--", *sh(script)),
+            cwd=tmp_path,
+            env=environ(tag),
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=20,
+        )
+    assert out.stderr == "corral: error: cannot write to stdout: No space left on device\n"
+    assert out.returncode == 1
+    assert time.monotonic() - started < 5  # the workers were stopped, not waited for
+
+
+def test_tail_into_a_closed_pipe_ends_with_141(tmp_path: Path, tag: str) -> None:
+    """``corral tail URL | head -1`` ends too, and leaves the run it watched alone."""
+    argv = corral_argv("run", "--monitor", "127.0.0.1:0", "--", *sh(CHATTY))
+    watched = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env=environ(tag),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert watched.stderr is not None
+        said = watched.stderr.readline()
+        match = re.fullmatch(r"corral: monitor at (\S+)\n", said)
+        assert match, said
+        tail = start_piped(corral_argv("tail", match[1]), tmp_path, tag, stderr_too=False)
+        try:
+            assert tail.stdout is not None
+            assert PREFIXED.fullmatch(tail.stdout.readline().rstrip("\n"))
+            code, elapsed, err = finish_piped(tail)
+        finally:
+            close_piped(tail)
+        assert (code, err) == (141, "")
+        assert elapsed < 5
+        assert watched.poll() is None  # the run goes on
+        os.killpg(watched.pid, signal.SIGINT)
+        assert watched.wait(15) == 130
+    finally:
+        close_piped(watched)
 
 
 # -- the terminal: colours, prefixes, the live status table -------------------------------

@@ -11,22 +11,31 @@ at once, and nothing outlives the command.
 
 Exit codes follow the shell's: 0 when everything succeeded, otherwise the
 first failure's exit code (128 + N for a signal N), 130 after Ctrl-C, 143
-after SIGTERM, 127 for a command that is not found and 126 for one that
-cannot be executed, 2 for bad arguments.
+after SIGTERM, 141 when stdout is closed under it (``| head``: what SIGPIPE
+would give, once the processes are stopped), 127 for a command that is not
+found and 126 for one that cannot be executed, 2 for bad arguments and bad
+input files, 1 when corral itself fails (a host that cannot be reached).
+Each error is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import logging
+import math
 import os
 import re
+import select
+import socket
+import stat
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -69,9 +78,189 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+#: The exit code after stdout was closed under the command: 128 + SIGPIPE, the
+#: code a program killed by SIGPIPE at its next write has.
+EXIT_PIPE = 141
+
+#: What a write raises once the reader of a pipe or socket has gone.
+_READER_GONE = (BrokenPipeError, ConnectionResetError)
+
+
+def _say(message: str) -> None:
+    """One line of corral's own on stderr (nothing if nobody reads stderr any more)."""
+    try:
+        sys.stderr.write(message.replace("\n", " ") + "\n")
+        sys.stderr.flush()
+    except _READER_GONE:
+        _silence(sys.stderr)
+
+
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"corral: error: {message}", err=True)
+    _say(f"corral: error: {message}")
     sys.exit(code)
+
+
+def _silence(stream: Any) -> None:
+    """Point the descriptor under ``stream`` at /dev/null, its reader being gone.
+
+    What is left in the stream's buffer then goes nowhere instead of failing
+    again when the interpreter flushes it at exit (which would print an
+    "Exception ignored" message and turn the exit code into 120).
+    """
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        return
+    try:
+        os.dup2(devnull, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)
+
+
+def _shorten(value: str, limit: int = 40) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: user input quoted on one line."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+class _Stdout:
+    """``sys.stdout`` as the console writes to it: a reader that went away is a stop.
+
+    A program whose stdout is a pipe (``corral run ... | head -1``) gets
+    SIGPIPE at its first write after the reader has gone, and dies of it.
+    Python ignores SIGPIPE and raises :class:`BrokenPipeError` instead, here
+    on the log router's thread, where it would stop nothing.  This wrapper
+    does what SIGPIPE would, in order: once the reader is gone (a write
+    failed, or :meth:`watched` saw it go) it drops every later write (no
+    error, no work), points the descriptor at /dev/null, and calls the
+    :meth:`when_gone` callback once, which stops the run; the command then
+    exits with :data:`EXIT_PIPE`.  Any other error writing to stdout (a full
+    disk) stops the run the same way, and the command exits with 1 and says
+    why (:attr:`error`), as ``echo hi > /dev/full`` does.
+    """
+
+    name = "<stdout>"
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        raw = getattr(stream, "buffer", None)
+        self.buffer = None if raw is None else _StdoutBytes(self, raw)
+        self._lock = threading.Lock()
+        self._gone = False
+        self._on_closed: Callable[[], None] | None = None
+        #: What a write raised that was not the reader going, if one did.
+        self.error: OSError | None = None
+
+    @property
+    def gone(self) -> bool:
+        """Whether the reader has gone (every write since was dropped)."""
+        return self._gone
+
+    def when_gone(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when the reader goes (now, if it has gone already).
+
+        It is called from the thread that found out: a log handler's, or the watch's.
+        """
+        with self._lock:
+            self._on_closed = callback
+            gone = self._gone
+        if gone:
+            callback()
+
+    def guard(self, call: Callable[..., object], *args: Any) -> None:
+        """``call(*args)``, unless the reader has gone; a write that finds it gone stops."""
+        if self._gone:
+            return
+        try:
+            call(*args)
+        except _READER_GONE:
+            self._went()
+        except OSError as exc:
+            self._went(exc)
+
+    def _went(self, error: OSError | None = None) -> None:
+        with self._lock:
+            if self._gone:
+                return
+            self._gone = True
+            self.error = error
+            callback = self._on_closed
+        _silence(self._stream)
+        if callback is not None:
+            callback()
+
+    @contextlib.contextmanager
+    def watched(self) -> Iterator[None]:
+        """Notice the reader going even while nothing is written: a thread waits for it.
+
+        Only a pipe or a socket is watched (a reader that goes makes it report
+        an error or a hang-up); a file never closes under the command, and a
+        terminal that goes away sends SIGHUP.
+        """
+        try:
+            fd = self._stream.fileno()
+            mode = os.fstat(fd).st_mode
+        except (OSError, ValueError, AttributeError):
+            mode = 0
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            yield
+            return
+        wake, waker = os.pipe()
+        thread = threading.Thread(
+            target=self._watch, args=(fd, wake), name="corral stdout watch", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            os.write(waker, b"x")
+            thread.join()
+            os.close(wake)
+            os.close(waker)
+
+    def _watch(self, fd: int, wake: int) -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # only what is always reported: POLLERR, POLLHUP, POLLNVAL
+        poller.register(wake, select.POLLIN)
+        while True:
+            for ready, events in poller.poll():
+                if ready == wake or events & select.POLLNVAL:
+                    return
+                if events & (select.POLLERR | select.POLLHUP):
+                    self._went()
+                    return
+
+    def write(self, text: str) -> int:
+        self.guard(self._stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.guard(self._stream.flush)
+
+    def isatty(self) -> bool:
+        return bool(self._stream.isatty())
+
+    def fileno(self) -> int:
+        return int(self._stream.fileno())
+
+
+class _StdoutBytes:
+    """The binary side of :class:`_Stdout` (``sys.stdout.buffer``), guarded the same way."""
+
+    def __init__(self, owner: _Stdout, raw: Any) -> None:
+        self._owner = owner
+        self._raw = raw
+
+    def write(self, data: bytes) -> int:
+        self._owner.guard(self._raw.write, data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._owner.guard(self._raw.flush)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -83,10 +272,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(2)
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "corral"
-        click.echo(f"{command}: error: {exc.format_message()} (see {command} --help)", err=True)
+        _say(f"{command}: error: {exc.format_message()} (see {command} --help)")
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"corral: error: {exc.format_message()}", err=True)
+        _say(f"corral: error: {exc.format_message()}")
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
@@ -106,6 +295,53 @@ def cli() -> None:
 
 
 # -- shared options ----------------------------------------------------------------------------
+
+#: What a run's name may not contain: it begins every source's name, where a
+#: dot separates the parts, and names a folder under ``--log-dir``.
+_BAD_NAME = re.compile(r"[\s/\\.\0]")
+
+
+#: The most copies of a command on one host (``-n``) or of a Procfile's process (``-c``).
+MAX_COPIES = 4096
+
+
+def _grace(value: float) -> float:
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", param_hint="--grace")
+    return value
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is printable UTF-8 text (an argument of bytes that are not is not)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return value.isprintable()
+
+
+def _text_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A click callback: the value (or each value) must be printable UTF-8 text.
+
+    Host names, ssh options and URLs end up in programs that print them
+    back, and in messages; bytes that are not text have no business there.
+    """
+    for item in value if isinstance(value, tuple) else [value]:
+        if item is not None and not _is_text(item):
+            raise click.BadParameter(f"{_shorten(item)} is not printable UTF-8 text")
+    return value
+
+
+def _run_name(value: str) -> str:
+    from ._runner import MAX_NAME
+
+    if not value or len(value) > MAX_NAME or _BAD_NAME.search(value) or not _is_text(value):
+        raise click.BadParameter(
+            f"{_shorten(value)} is not a run name: 1-{MAX_NAME} printable characters, "
+            "without spaces, dots or slashes",
+            param_hint="--name",
+        )
+    return value
 
 
 @dataclass
@@ -127,6 +363,14 @@ class _Output:
     ) -> _Output:
         """From the shared options, as click gives them."""
         colour = False if no_color else None
+        if log_dir is not None:
+            try:
+                os.makedirs(log_dir, exist_ok=True)
+            except OSError as exc:
+                raise click.BadParameter(
+                    f"cannot make the folder {_shorten(log_dir)}: {exc.strerror or exc}",
+                    param_hint="--log-dir",
+                ) from None
         return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor))
 
 
@@ -145,6 +389,7 @@ def _output_options(func: Any) -> Any:
                 "--grace",
                 type=click.FloatRange(min=0),
                 default=5.0,
+                callback=lambda _ctx, _param, value: _grace(value),
                 show_default=True,
                 help="Seconds between the stop signal and SIGKILL.",
             ),
@@ -170,17 +415,24 @@ def _output_options(func: Any) -> Any:
     "-n",
     "--nproc-per-node",
     "nproc",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_COPIES),
     default=None,
     help="Copies of the command on each host (default: 1, or the tasks per node of "
-    "the Slurm allocation with --hosts slurm).",
+    f"the Slurm allocation with --hosts slurm; at most {MAX_COPIES}).",
 )
 @click.option(
     "--hosts",
     metavar="H1,H2|slurm",
+    callback=_text_option,
     help="Run on these hosts over ssh, or on the Slurm allocation's nodes.",
 )
-@click.option("--name", default="run", show_default=True, help="The name of the run.")
+@click.option(
+    "--name",
+    default="run",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _run_name(value),
+    help="The name of the run (it starts every source's name; no dots, spaces or slashes).",
+)
 @click.option(
     "--restart",
     type=click.Choice(["never", "on-failure"]),
@@ -195,10 +447,19 @@ def _output_options(func: Any) -> Any:
     show_default=True,
     help="Restarts allowed with --restart on-failure.",
 )
-@click.option("--ssh-user", help="The remote user for --hosts.")
-@click.option("--ssh-identity", type=click.Path(dir_okay=False), help="An ssh private key.")
+@click.option("--ssh-user", callback=_text_option, help="The remote user for --hosts.")
 @click.option(
-    "--ssh-option", multiple=True, metavar="OPTION", help="An extra ssh argument (repeatable)."
+    "--ssh-identity",
+    type=click.Path(dir_okay=False),
+    callback=_text_option,
+    help="An ssh private key.",
+)
+@click.option(
+    "--ssh-option",
+    multiple=True,
+    metavar="OPTION",
+    callback=_text_option,
+    help="An extra ssh argument (repeatable).",
 )
 @_output_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -260,6 +521,11 @@ class _RunJob:
     max_restarts: int
     grace: float
 
+    @property
+    def programs(self) -> list[str]:
+        """The programs the job starts."""
+        return self.argv[:1]
+
     async def __call__(self, r: Any, status: _Status) -> int:
         import corral
 
@@ -297,6 +563,17 @@ class _RunJob:
 
 _PROCFILE_LINE = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)\s*:\s*(.*\S)\s*$")
 
+#: The longest process name a Procfile may give: its copies are named
+#: ``NAME.N``, and a process's name has at most 100 characters.
+MAX_PROCFILE_NAME = 90
+
+#: The most a Procfile or a ``.env`` file may hold: corral reads no more.
+MAX_INPUT_FILE = 1024 * 1024
+
+#: The longest ``NAME=value`` one variable may be, its final NUL included:
+#: Linux's limit on one string handed to exec (``MAX_ARG_STRLEN``, 32 pages).
+MAX_VARIABLE = 128 * 1024
+
 
 class ProcfileError(click.ClickException):
     """A Procfile that cannot be read, with the line that is wrong."""
@@ -304,29 +581,143 @@ class ProcfileError(click.ClickException):
     exit_code = 2
 
 
-def parse_procfile(text: str, path: str = "Procfile") -> dict[str, str]:
+class EnvFileError(click.ClickException):
+    """A ``.env`` file that cannot be read, with what is wrong."""
+
+    exit_code = 2
+
+
+def read_input_file(path: str, error: type[click.ClickException]) -> bytes:
+    """The bytes of a Procfile or ``.env`` file, at most :data:`MAX_INPUT_FILE`."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_INPUT_FILE + 1)
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_INPUT_FILE:
+        raise error(f"{path} is larger than {MAX_INPUT_FILE // 1024} KiB")
+    return data
+
+
+def _text(data: bytes, path: str, error: type[click.ClickException]) -> str:
+    """``data`` as UTF-8 text (a byte-order mark skipped), or ``error`` naming the line."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise error(f"{path}, line {line}: not UTF-8 text (byte {data[exc.start]:#04x})") from None
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise error(f"{path}, line {line}: a NUL character")
+    return text
+
+
+def parse_procfile(text: str | bytes, path: str = "Procfile") -> dict[str, str]:
     """The processes of a Procfile (honcho's and foreman's format), in order.
 
     Each line is ``name: command``; blank lines and lines starting with ``#``
-    are skipped.  Anything else is an error naming the line.
+    are skipped.  Anything else is an error naming the line, as is a file
+    that is not UTF-8 text or has a NUL character, and a name longer than
+    :data:`MAX_PROCFILE_NAME`.
     """
+    if isinstance(text, bytes):
+        text = _text(text, path, ProcfileError)
     processes: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
+        if "\0" in line:
+            raise ProcfileError(f"{path}, line {number}: a NUL character")
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
         match = _PROCFILE_LINE.match(stripped)
         if match is None:
             raise ProcfileError(
-                f"{path}, line {number}: expected 'name: command', got {stripped!r}"
+                f"{path}, line {number}: expected 'name: command', got {_shorten(stripped, 60)}"
             )
         name, command = match.groups()
+        if len(name) > MAX_PROCFILE_NAME:
+            raise ProcfileError(
+                f"{path}, line {number}: the name {_shorten(name)} is longer than "
+                f"{MAX_PROCFILE_NAME} characters"
+            )
         if name in processes:
-            raise ProcfileError(f"{path}, line {number}: the process {name!r} is defined twice")
+            raise ProcfileError(
+                f"{path}, line {number}: the process {_shorten(name)} is defined twice"
+            )
         processes[name] = command
     if not processes:
         raise ProcfileError(f"{path} defines no process")
     return processes
+
+
+def parse_env_file(data: bytes, path: str = ".env") -> dict[str, str]:
+    """The variables of a ``.env`` file, as python-dotenv reads it (honcho's format).
+
+    A line python-dotenv cannot parse is an error naming the line (it would
+    only warn), as is a file that is not UTF-8 text or has a NUL character,
+    and a variable longer than :data:`MAX_VARIABLE` (no program can be
+    started with it).  A name without ``=`` sets nothing.
+    """
+    from dotenv import dotenv_values
+    from dotenv.parser import parse_stream
+
+    text = _text(data, path, EnvFileError)
+    lines: dict[str, int] = {}
+    for binding in parse_stream(io.StringIO(text)):
+        line = binding.original.line
+        if binding.error:
+            statement = binding.original.string.strip()
+            raise EnvFileError(f"{path}, line {line}: cannot parse {_shorten(statement, 60)}")
+        if binding.key is not None:
+            if not binding.key or "=" in binding.key:
+                raise EnvFileError(f"{path}, line {line}: {_shorten(binding.key)} is not a name")
+            lines.setdefault(binding.key, line)
+    env: dict[str, str] = {}
+    for key, value in dotenv_values(stream=io.StringIO(text)).items():
+        if value is None:
+            continue
+        size = len(key.encode()) + 1 + len(value.encode()) + 1
+        if size > MAX_VARIABLE:
+            raise EnvFileError(
+                f"{path}, line {lines.get(key, '?')}: {_shorten(key)} is {size // 1024} KiB "
+                f"long; a variable may have at most {MAX_VARIABLE // 1024} KiB (the limit of "
+                "exec)"
+            )
+        env[key] = value
+    return env
+
+
+def _port_base(port: int | None, env: dict[str, str]) -> int:
+    """``--port``, or PORT from the .env files, from the environment, or 5000."""
+    if port is not None:
+        return port
+    for where, value in (("the .env files", env.get("PORT")), ("$PORT", os.environ.get("PORT"))):
+        if value:
+            number = value.strip()
+            if not re.fullmatch(r"[0-9]{1,5}", number) or not 1 <= int(number) <= 65535:
+                raise click.BadParameter(
+                    f"PORT={_shorten(value)} from {where} is not a port number",
+                    param_hint="--port",
+                )
+            return int(number)
+    return 5000
+
+
+def _check_env_size(env: dict[str, str], paths: Sequence[str]) -> None:
+    """Fail if the environment with ``env`` could not be handed to exec at all."""
+    try:
+        limit = os.sysconf("SC_ARG_MAX")
+    except (OSError, ValueError):
+        return
+    merged = os.environ | env
+    # Each string and its pointer; and room for the command and corral's own variables.
+    size = sum(len(k.encode()) + len(v.encode()) + 2 + 8 for k, v in merged.items())
+    if size > limit - 64 * 1024:
+        raise EnvFileError(
+            f"{', '.join(paths)}: the environment would take {size // 1024} KiB, and the "
+            f"kernel starts a program with at most {limit // 1024} KiB of arguments and "
+            "environment"
+        )
 
 
 @cli.command(epilog=_EXAMPLES_UP, context_settings=_CONTEXT)
@@ -351,7 +742,13 @@ def parse_procfile(text: str, path: str = "Procfile") -> dict[str, str]:
     type=click.IntRange(min=1, max=65535),
     help="The base of the PORT each process gets (default: $PORT or 5000).",
 )
-@click.option("--name", default="up", show_default=True, help="The name of the run.")
+@click.option(
+    "--name",
+    default="up",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _run_name(value),
+    help="The name of the run (it starts every source's name; no dots, spaces or slashes).",
+)
 @_output_options
 @click.argument("args", nargs=-1)
 def up(
@@ -377,21 +774,15 @@ def up(
     plus 100 per process type, plus 1 per copy).  The exit code is that of
     the first process to exit (128 + N for a signal N); 130 after Ctrl-C.
     """
-    from dotenv import dotenv_values
-
     names = list(args)
     path = procfile_option
     if path is None and names and _looks_like_a_path(names[0]):
         path = names.pop(0)
     path = path or "Procfile"
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ProcfileError(f"cannot read {path}: {exc.strerror}") from None
-    processes = parse_procfile(text, path)
+    processes = parse_procfile(read_input_file(path, ProcfileError), path)
     unknown = [n for n in names if n not in processes]
     if unknown:
-        raise ProcfileError(f"{path} has no process named {', '.join(map(repr, unknown))}")
+        raise ProcfileError(f"{path} has no process named {', '.join(map(_shorten, unknown))}")
     selected = {n: c for n, c in processes.items() if not names or n in names}
     counts = _concurrency(concurrency, selected)
     if not any(counts.values()):
@@ -399,10 +790,11 @@ def up(
     env: dict[str, str] = {}
     files = list(env_files) or ([".env"] if os.path.isfile(".env") else [])
     for env_file in files:
-        if not os.path.isfile(env_file):
-            raise ProcfileError(f"the env file {env_file} does not exist")
-        env.update({k: v for k, v in dotenv_values(env_file).items() if v is not None})
-    base = port or int(env.get("PORT") or os.environ.get("PORT") or 5000)
+        if not os.path.exists(env_file):
+            raise EnvFileError(f"the env file {env_file} does not exist")
+        env.update(parse_env_file(read_input_file(env_file, EnvFileError), env_file))
+    _check_env_size(env, files)
+    base = _port_base(port, env)
     output = _Output.of(log_dir, no_prefix, no_color, no_status, monitor)
     _main_loop(name, output, _UpJob(selected, counts, env, base, grace))
 
@@ -423,22 +815,48 @@ def _monitor(address: str | None) -> str | None:
     from ._monitor import parse_address
 
     try:
-        parse_address(address)
+        host, port = parse_address(address)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--monitor") from None
+    # An address this machine does not have, or a port in use, is a bad
+    # argument: say so now rather than once the processes run.
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(where)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise click.BadParameter(
+            f"cannot listen on {_shorten(address)}: {reason}", param_hint="--monitor"
+        ) from None
     return address
+
+
+_CONCURRENCY_ITEM = re.compile(r"\s*([^=]*?)\s*=\s*([0-9]{1,12})\s*")
 
 
 def _concurrency(values: Sequence[str], processes: dict[str, str]) -> dict[str, int]:
     counts = dict.fromkeys(processes, 1)
     for value in values:
         for item in value.split(","):
-            name, equals, number = item.partition("=")
-            if not equals or not number.strip().isdigit():
-                raise click.BadParameter(f"{item!r} is not NAME=N", param_hint="--concurrency")
-            if name.strip() not in processes:
-                raise click.BadParameter(f"no process named {name!r}", param_hint="--concurrency")
-            counts[name.strip()] = int(number)
+            match = _CONCURRENCY_ITEM.fullmatch(item)
+            if match is None:
+                raise click.BadParameter(
+                    f"{_shorten(item)} is not NAME=N", param_hint="--concurrency"
+                )
+            name, number = match.groups()
+            if name not in processes:
+                raise click.BadParameter(
+                    f"no process named {_shorten(name)}", param_hint="--concurrency"
+                )
+            if int(number) > MAX_COPIES:
+                raise click.BadParameter(
+                    f"{_shorten(item)}: at most {MAX_COPIES} copies", param_hint="--concurrency"
+                )
+            counts[name] = int(number)
     return counts
 
 
@@ -449,6 +867,9 @@ class _UpJob:
     env: dict[str, str]
     base_port: int
     grace: float
+
+    #: The programs the job starts: each command runs through the shell.
+    programs = ("/bin/sh",)
 
     async def __call__(self, r: Any, status: _Status) -> int:
         started = []
@@ -500,8 +921,14 @@ Examples:
 
 
 @cli.command(epilog=_EXAMPLES_TAIL, context_settings=_CONTEXT)
-@click.argument("url")
-@click.option("--source", default="*", show_default=True, help="Only sources matching this glob.")
+@click.argument("url", callback=_text_option)
+@click.option(
+    "--source",
+    default="*",
+    show_default=True,
+    callback=_text_option,
+    help="Only sources matching this glob.",
+)
 @click.option(
     "--level",
     default="INFO",
@@ -519,29 +946,44 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
     """
     from ._monitor import _level_number
 
-    number = int(level) if level.lstrip("-").isdigit() else _level_number(level)
-    if number == 0 and level.upper() not in ("NOTSET", "0"):
-        raise click.BadParameter(f"{level!r} is not a level", param_hint="--level")
+    if re.fullmatch(r"-?[0-9]{1,9}", level):
+        number = int(level)
+    else:
+        number = _level_number(level)
+        if number == 0 and level.upper() != "NOTSET":
+            raise click.BadParameter(f"{_shorten(level)} is not a level", param_hint="--level")
     split = _urlsplit(url, source, number)
-    sys.exit(
-        anyio.run(
-            _tail,
-            split,
-            number,
-            not no_prefix,
-            False if no_color else None,
-            backend="asyncio",
-        )
-    )
+    stdout = _Stdout(sys.stdout)
+    try:
+        with stdout.watched():
+            code = anyio.run(
+                _tail,
+                split,
+                number,
+                stdout,
+                not no_prefix,
+                False if no_color else None,
+                backend="asyncio",
+            )
+    except KeyboardInterrupt:
+        code = 130
+    _check_written(stdout)
+    sys.exit(code)
 
 
 def _urlsplit(url: str, source: str, level: int) -> str:
     """The WebSocket URL for ``url``, asking the server for this filter from the start."""
     import urllib.parse
 
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "ws", "https", "wss") or not parts.netloc:
-        raise click.BadParameter(f"{url!r} is not a monitor URL", param_hint="URL")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a bad IPv6 address, a port out of range...
+        raise click.BadParameter(
+            f"{_shorten(url, 80)} is not a URL: {exc}", param_hint="URL"
+        ) from None
+    if parts.scheme not in ("http", "ws", "https", "wss") or not parts.hostname or port == 0:
+        raise click.BadParameter(f"{_shorten(url, 80)} is not a monitor URL", param_hint="URL")
     query = [
         (k, v)
         for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
@@ -555,7 +997,19 @@ def _urlsplit(url: str, source: str, level: int) -> str:
     return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", encoded, ""))
 
 
-async def _tail(url: str, level: int, prefix: bool, colour: bool | None) -> int:
+async def _tail(url: str, level: int, stdout: _Stdout, prefix: bool, colour: bool | None) -> int:
+    """Follow the log until the runner ends; :data:`EXIT_PIPE` as soon as stdout's reader goes."""
+    import corral
+
+    loop = corral.LoopToken.current().loop
+    code = EXIT_PIPE
+    with anyio.CancelScope() as scope:
+        stdout.when_gone(lambda: _call_soon(loop, scope.cancel))
+        code = await _follow(url, level, stdout, prefix, colour)
+    return EXIT_PIPE if stdout.gone else code
+
+
+async def _follow(url: str, level: int, stdout: _Stdout, prefix: bool, colour: bool | None) -> int:
     import msgspec
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -565,7 +1019,9 @@ async def _tail(url: str, level: int, prefix: bool, colour: bool | None) -> int:
     from ._records import make_record
 
     console = corral.ConsoleHandler(
-        sys.stdout, colour=colour, prefix="relative" if prefix else "none"
+        cast(TextIO, stdout),
+        colour=colour,
+        prefix="relative" if prefix else "none",
     )
     give_up_after = 30.0
     failing_since: float | None = None
@@ -601,25 +1057,21 @@ async def _tail(url: str, level: int, prefix: bool, colour: bool | None) -> int:
                             ]
                             await anyio.to_thread.run_sync(_print_all, console, records)
                         elif kind == "dropped":
-                            click.echo(
+                            _say(
                                 f"corral tail: {message['count']} records dropped "
-                                "(this terminal fell behind)",
-                                err=True,
+                                "(this terminal fell behind)"
                             )
                         elif kind == "end":
                             return 0
             except InvalidStatus as exc:
                 code = exc.response.status_code
-                click.echo(
-                    f"corral tail: the monitor refused the connection ({code}): wrong token?",
-                    err=True,
-                )
+                _say(f"corral tail: the monitor refused the connection ({code}): wrong token?")
                 return 1
             except (OSError, ConnectionClosed, TimeoutError) as exc:
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if now - failing_since > give_up_after:
-                    click.echo(f"corral tail: lost the runner: {exc}", err=True)
+                    _say(f"corral tail: lost the runner: {exc}")
                     return 1
                 await anyio.sleep(delay)  # reconnecting: back off between attempts
                 delay = min(delay * 2, 2.0)
@@ -700,19 +1152,42 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _main_loop(name: str, output: _Output, job: Any) -> NoReturn:
+def _check_written(stdout: _Stdout) -> None:
+    """Exit with 1 and say why if stdout failed otherwise than by its reader going."""
+    if stdout.error is not None:
+        _fail(f"cannot write to stdout: {stdout.error.strerror or stdout.error}", 1)
+
+
+def _call_soon(loop: Any, fn: Callable[[], object]) -> None:
+    """``fn()`` on ``loop`` soon, from any thread; nothing if the loop has finished."""
     try:
-        code = anyio.run(_serve, name, output, job)
+        loop.call_soon_threadsafe(fn)
+    except anyio.RunFinishedError:
+        pass
+
+
+def _main_loop(name: str, output: _Output, job: Any) -> NoReturn:
+    stdout = _Stdout(sys.stdout)
+    try:
+        with stdout.watched():
+            code = anyio.run(_serve, name, output, job, stdout)
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseExceptionGroup as group:
-        sys.exit(_from_group(group))
+        sys.exit(_from_group(group, job.programs))
     except BaseException as exc:
-        sys.exit(_from_group(BaseExceptionGroup("", [exc])))
+        sys.exit(_from_group(BaseExceptionGroup("", [exc]), job.programs))
+    _check_written(stdout)
     sys.exit(code)
 
 
-def _from_group(group: BaseExceptionGroup[BaseException]) -> int:
+def _from_group(group: BaseExceptionGroup[BaseException], programs: Sequence[str]) -> int:
+    """The exit code for what ended the run; a one-line message first for an error.
+
+    ``programs`` are those the run starts: an error of the operating system
+    about one of them is the shell's "cannot run" (127 if it does not exist,
+    126 otherwise).
+    """
     import corral
 
     if group.subgroup(KeyboardInterrupt) is not None:
@@ -724,16 +1199,38 @@ def _from_group(group: BaseExceptionGroup[BaseException]) -> int:
             first = first.exceptions[0]
         assert isinstance(first, corral.Signalled)
         return 128 + int(first.signal)
-    for kind, code in ((FileNotFoundError, 127), (PermissionError, 126)):
-        found = _first(group, kind)
-        if found is not None:
-            if found.filename is None:
-                _fail(str(found), code)
-            _fail(f"cannot run {found.filename!r}: {found.strerror}", code)
+    limit = _first(group, corral.ResourceLimitError)
+    if limit is not None:
+        _fail(str(limit), 1)
+    for error in _all(group, OSError):
+        if error.filename is not None and os.fspath(error.filename) in programs:
+            code = 127 if error.errno == errno.ENOENT else 126
+            reason = error.strerror or str(error)
+            _fail(f"cannot run {os.fspath(error.filename)!r}: {reason}", code)
     failed = _first(group, corral.LaunchError)
     if failed is not None:
         _fail(" ".join(str(failed).split()), 1)  # ssh's message, on one line
+    other = _first(group, OSError)
+    if other is not None:  # a log folder or a monitor address that cannot be had, say
+        if other.filename is not None:
+            _fail(f"{os.fspath(other.filename)}: {other.strerror or other}", 1)
+        _fail(str(other), 1)
     raise group
+
+
+def _all(group: BaseExceptionGroup[BaseException], kind: type[_E]) -> list[_E]:
+    """Every exception of type ``kind`` in ``group``, however deeply nested, in order."""
+    found: list[_E] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        elif isinstance(exc, kind):
+            found.append(exc)
+
+    walk(group)
+    return found
 
 
 def _first(group: BaseExceptionGroup[BaseException], kind: type[_E]) -> _E | None:
@@ -748,14 +1245,17 @@ def _first(group: BaseExceptionGroup[BaseException], kind: type[_E]) -> _E | Non
     return exc
 
 
-async def _serve(name: str, output: _Output, job: Any) -> int:
+async def _serve(name: str, output: _Output, job: Any, stdout: _Stdout) -> int:
     import corral
 
     console = corral.ConsoleHandler(
-        sys.stdout, colour=output.colour, prefix="relative" if output.prefix else "none"
+        cast(TextIO, stdout),
+        colour=output.colour,
+        prefix="relative" if output.prefix else "none",
     )
     console.setLevel(logging.INFO)
     status = _Status()
+    code: int | None = None
     async with corral.open_runner(
         name=name,
         console=False,
@@ -764,19 +1264,23 @@ async def _serve(name: str, output: _Output, job: Any) -> int:
         handle_signals=True,
         monitor=output.monitor,
     ) as r:
+        loop = r.token.loop
+        stdout.when_gone(lambda: _call_soon(loop, r.cancel))
         r._observers.append(status.observe)
         if r.monitor_url is not None:
-            click.echo(f"corral: monitor at {r.monitor_url}", err=True)
+            _say(f"corral: monitor at {r.monitor_url}")
         try:
             async with anyio.create_task_group() as tg:
                 if output.status and console.terminal:
                     tg.start_soon(_show_status, r, console, status)
-                code: int = await job(r, status)
+                code = await job(r, status)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(console.set_footer, [])
     console.close()
+    if stdout.gone or code is None:
+        return EXIT_PIPE  # the runner was cancelled for it
     return code
 
 
