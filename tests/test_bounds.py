@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import socket
 import statistics
@@ -25,6 +26,8 @@ from typing import Any
 import pytest
 from tests.test_monitor import Child
 
+import corral
+from corral._sources import BACKLOG_BYTES, BACKLOG_RECORDS, BACKLOG_TOTAL_BYTES, TAIL_BYTES
 from corral._wire import MAX_HELLO
 
 PY = sys.executable
@@ -378,3 +381,115 @@ def test_unauthenticated_peers_cost_a_few_mib_and_honest_ones_still_work(
             for sock in peers:
                 sock.close()
     assert grown < 4, f"{abuse} peers on the {where}: the launcher grew by {grown:.1f} MiB"
+
+
+# -- tail backlogs and live tails ----------------------------------------------------------------
+
+
+def _text(records: list[logging.LogRecord]) -> int:
+    return sum(len(record.getMessage()) for record in records)
+
+
+@pytest.mark.anyio
+async def test_a_backlog_keeps_to_its_bound_in_bytes() -> None:
+    """Four lines of 1 MiB, then a tail: it gets the end of the last one, 256 KiB."""
+    async with corral.open_runner(console=False) as r:
+        p = await r.start([PY, "-c", LINES, "4", str(1 << 20)], name="big")
+        await p.wait()
+        records = [record async for record in p.logs()]
+        q = await r.start([PY, "-c", LINES, "5000", "100"], name="many")
+        await q.wait()
+        many = [record async for record in q.logs()]
+    assert _text(records) <= BACKLOG_BYTES
+    [record] = records
+    message = record.getMessage()
+    assert message.startswith("[...] ") and message.endswith("x" * 1000), message[:20]
+    assert len(message) == BACKLOG_BYTES
+    # Short lines: the newest BACKLOG_RECORDS of them, whole.
+    assert [len(record.getMessage()) for record in many] == [99] * BACKLOG_RECORDS
+
+
+@pytest.mark.anyio
+async def test_the_backlogs_of_all_sources_keep_to_their_total() -> None:
+    """40 children of 1 MiB of output each: the newest output is kept, 8 MiB of it."""
+    kept: list[int] = []
+    async with corral.open_runner(console=False) as r:
+        procs = []
+        for i in range(40):
+            p = await r.start([PY, "-c", LINES, "2", str(1 << 19)], name=f"c{i}")
+            await p.wait()
+            procs.append(p)
+        for p in procs:
+            kept.append(_text([record async for record in p.logs()]))
+    assert sum(kept) <= BACKLOG_TOTAL_BYTES
+    assert all(size <= BACKLOG_BYTES for size in kept)
+    # The newest sources keep theirs whole (256 KiB each), the oldest lost theirs.
+    assert kept[-8:] == [BACKLOG_BYTES] * 8, kept
+    assert kept[0] == 0, kept
+    assert sum(kept) > BACKLOG_TOTAL_BYTES - 2 * BACKLOG_BYTES, kept
+
+
+@pytest.mark.timeout(60)
+def test_backlogs_of_many_children_cost_a_bounded_total(tmp_path: Path, anyio_backend: str) -> None:
+    """100 children with two lines of 1 MiB each, no handler, no tail: bounded in total.
+
+    (Each stream held its unfinished line of up to 1 MiB, and each source a backlog of
+    1 MiB: the launcher grew by 100 to 220 MiB.)"""
+    with launcher(tmp_path, anyio_backend) as runner:
+        runner.run(4, LINES, 2, 1 << 20)  # warm up
+        before = runner.reset()
+        runner.run(100, LINES, 2, 1 << 20)
+        grown = grown_mib(runner, before)
+    # The backlogs, the unfinished lines and the collector's queue, 8 MiB at most each
+    # (31 to 38 MiB measured), and a little slack for the allocator.
+    assert grown < 48, f"the launcher grew by {grown:.0f} MiB"
+
+
+#: A child that writes ``argv[2]`` records or lines of 64 KiB (to stdout, or through
+#: ``corral.child.connect`` with ``argv[1] == "logging"``) and exits with 3 as soon as
+#: it finds itself held back (its pipe or socket unwritable for a second), 0 if never.
+HELD_BACK = textwrap.dedent(
+    """
+    import logging, os, select, sys
+    import corral.child
+    kind, count = sys.argv[1], int(sys.argv[2])
+    text = "x" * 65535
+    if kind == "logging":
+        handler = corral.child.connect(logging.INFO)
+        fd = handler._sock.fileno()
+        log = logging.getLogger("held")
+    else:
+        fd = 1
+        os.set_blocking(1, False)
+    for i in range(count):
+        if not select.select([], [fd], [], 0)[1] and not select.select([], [fd], [], 1.0)[1]:
+            sys.exit(3)
+        if kind == "logging":
+            log.info(text)
+        else:
+            data = (text + "\\n").encode()
+            while data:
+                try:
+                    data = data[os.write(1, data):]
+                except BlockingIOError:
+                    if not select.select([], [1], [], 1.0)[1]:
+                        sys.exit(3)
+    """
+)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["stdout", "logging"])
+async def test_a_tail_that_is_not_read_holds_a_bounded_amount(kind: str) -> None:
+    """A tail opened and never read: its buffer of 1,024 records is bounded in bytes too,
+    and the child is held back (over its pipe and over its log connection alike)."""
+    async with corral.open_runner(console=False) as r:
+        p = await r.start([PY, "-c", HELD_BACK, kind, "400"], name="held", check=False)
+        tail = p.logs()
+        code = await p.wait()
+        held = _text(list(tail._records))
+        tail.close()
+    assert code == 3, "the child was never held back"
+    # TAIL_BYTES, and what the collector had queued and the pipe held then.
+    assert held < TAIL_BYTES + 4 * 1024 * 1024, f"the tail held {held / 2**20:.1f} MiB"
