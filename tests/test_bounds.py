@@ -17,16 +17,20 @@ import statistics
 import struct
 import sys
 import textwrap
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from tests.test_monitor import Child
+from tests.conftest import ListHandler
+from tests.test_monitor import LOOPBACK, Child, MonitorClient, monitored
 
 import corral
+from corral._monitor import HANDSHAKE_TIMEOUT, MAX_CLIENT_MESSAGE, MAX_CLIENTS, ROW_TEXT
 from corral._sources import BACKLOG_BYTES, BACKLOG_RECORDS, BACKLOG_TOTAL_BYTES, TAIL_BYTES
 from corral._wire import MAX_HELLO
 
@@ -493,3 +497,73 @@ async def test_a_tail_that_is_not_read_holds_a_bounded_amount(kind: str) -> None
     assert code == 3, "the child was never held back"
     # TAIL_BYTES, and what the collector had queued and the pipe held then.
     assert held < TAIL_BYTES + 4 * 1024 * 1024, f"the tail held {held / 2**20:.1f} MiB"
+
+
+# -- the monitor's other bounds --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_the_monitor_refuses_clients_beyond_its_bound(tmp_path: Path, anyio_backend: str) -> None:
+    with launcher(tmp_path, anyio_backend, monitor=True) as runner:
+        with stuck_clients(runner, MAX_CLIENTS) as clients:
+            parts = urllib.parse.urlsplit(runner.url)
+            with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+                sock.sendall(websocket_request(runner.url))
+                answer = b""
+                while data := sock.recv(65536):
+                    answer += data
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert answer.endswith(b"too many clients\n"), answer
+            clients.pop().close()
+            runner.command("clients", MAX_CLIENTS - 1)
+            stuck_client(runner.url).close()  # one left: there is room for another
+        runner.command("clients", 0)
+
+
+@pytest.mark.anyio
+async def test_a_long_record_reaches_clients_cut_in_the_middle() -> None:
+    logs = ListHandler()
+    line = "a" * 50_000 + "b" * 50_000
+    async with monitored(handlers=[logs]) as (r, readers):
+        assert r.monitor_url is not None
+        client = await MonitorClient.connect(r.monitor_url)
+        await r.run([PY, "-c", f"print({line!r})"], name="long")
+        row = await client.wait_row(lambda row: row[0] == "demo.long")
+        readers.append(client)
+    half = ROW_TEXT // 2
+    assert row[5] == "a" * half + "\n[... 83616 characters cut ...]\n" + "b" * half
+    assert logs.lines("demo.long") == [line]  # the handlers have it whole
+
+
+@pytest.mark.anyio
+async def test_a_client_message_over_the_bound_closes_only_that_client() -> None:
+    async with monitored() as (r, readers):
+        assert r.monitor_url is not None
+        big = await MonitorClient.connect(r.monitor_url)
+        other = await MonitorClient.connect(r.monitor_url)
+        await big.send({"type": "filter", "source": "x" * MAX_CLIENT_MESSAGE})
+        await big.rest()  # closed on it
+        assert big._protocol.close_code == 1009  # message too big
+        await r.run([PY, "-c", "print('still here')"], name="after")
+        await other.wait_row(lambda row: row[5] == "still here")
+        readers.append(other)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(20)
+async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -> None:
+    async with corral.open_runner(name="demo", monitor=LOOPBACK, console=False) as r:
+        assert r.monitor_url is not None
+        port = urllib.parse.urlsplit(r.monitor_url).port
+        assert port is not None
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            start = time.monotonic()
+            await stream.send(b"GET /?token=")
+            with anyio.fail_after(HANDSHAKE_TIMEOUT + 5):
+                try:
+                    while True:
+                        await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    pass
+            took = time.monotonic() - start
+    assert HANDSHAKE_TIMEOUT - 0.5 < took < HANDSHAKE_TIMEOUT + 1.5, took
