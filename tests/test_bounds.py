@@ -15,6 +15,7 @@ import os
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import textwrap
 import time
@@ -30,11 +31,37 @@ from tests.conftest import ListHandler
 from tests.test_monitor import LOOPBACK, Child, MonitorClient, monitored
 
 import corral
-from corral._monitor import HANDSHAKE_TIMEOUT, MAX_CLIENT_MESSAGE, MAX_CLIENTS, ROW_TEXT
-from corral._sources import BACKLOG_BYTES, BACKLOG_RECORDS, BACKLOG_TOTAL_BYTES, TAIL_BYTES
+from corral._logserver import MAX_REFUSALS_REPORTED
+from corral._monitor import (
+    HANDSHAKE_TIMEOUT,
+    MAX_CLIENT_MESSAGE,
+    MAX_CLIENTS,
+    MESSAGE_BYTES,
+    QUEUE_BYTES,
+    RECENT_BYTES,
+    RECENT_RECORDS,
+    ROW_BYTES,
+    ROW_TEXT,
+    SEND_BUDGET,
+    STATE_QUEUE,
+    Monitor,
+    MonitorSink,
+    _Client,
+)
+from corral._routing import MAX_LINE
+from corral._sources import (
+    BACKLOG_BYTES,
+    BACKLOG_RECORDS,
+    BACKLOG_TOTAL_BYTES,
+    TAIL_BYTES,
+    Source,
+)
+from corral._streams import CHUNK, STREAM_BUFFER
 from corral._wire import MAX_HELLO
 
 PY = sys.executable
+PIPE = subprocess.PIPE
+LOG = corral.LOG
 
 #: A runner in a process of its own (``argv``: backend, options as JSON for
 #: ``open_runner``) that prints ``url URL`` (its monitor's, or ``-``) and then
@@ -567,3 +594,162 @@ async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -
                     pass
             took = time.monotonic() - start
     assert HANDSHAKE_TIMEOUT - 0.5 < took < HANDSHAKE_TIMEOUT + 1.5, took
+
+
+# -- the monitor's queue, on its own --------------------------------------------------------------
+
+
+def _take_all(sink: MonitorSink, client: _Client) -> tuple[list[Any], int, list[int]]:
+    """Everything waiting for ``client``: its rows, the drops it was told of, message sizes."""
+    rows: list[Any] = []
+    dropped = 0
+    sizes = []
+    more = True
+    while more:
+        messages, size, more = sink.take(client)
+        sink.sent(size)
+        sizes.append(size)
+        for message in messages:
+            decoded = json.loads(message)
+            if decoded["type"] == "logs":
+                rows += decoded["records"]
+            elif decoded["type"] == "dropped":
+                dropped += decoded["count"]
+    return rows, dropped, sizes
+
+
+def _joined(sink: MonitorSink, source: str = "*", level: int = 0) -> _Client:
+    client = _Client(source, level)
+    client.state = sink.state_position()
+    _, size, _ = sink.join(client)
+    sink.sent(size)
+    return client
+
+
+@pytest.mark.anyio
+async def test_the_monitor_queue_keeps_to_its_bounds_and_counts_what_a_client_lost() -> None:
+    sink = MonitorSink(Monitor(True, "demo"))
+    a, b = Source("demo.a", "a"), Source("demo.b", "b")
+    read = b"\n".join([b"x" * 1023] * 64)  # a read of 64 lines, 64 KiB
+    # No client: only the recent part is kept.
+    for _ in range(100):
+        sink.write_lines(a, "stdout", 20, 0.0, read)
+    records, nbytes = sink.held
+    assert nbytes <= RECENT_BYTES + len(read) + 200
+    assert RECENT_RECORDS <= records <= RECENT_RECORDS + 64
+    # Two clients that do not read, one of them for demo.a only; 19 MiB of output.
+    everything, only_a = _joined(sink), _joined(sink, "demo.a")
+    _take_all(sink, everything)
+    _take_all(sink, only_a)
+    for i in range(300):
+        sink.write_lines(a if i % 3 else b, "stdout", 20, 0.0, read)
+        assert sink.held[1] <= QUEUE_BYTES + len(read) + 200
+    # Each is told exactly how much it lost, and gets the rest.
+    rows, dropped, sizes = _take_all(sink, everything)
+    assert dropped > 0 and len(rows) + dropped == 300 * 64
+    assert max(sizes) <= MESSAGE_BYTES + ROW_BYTES
+    rows, dropped, _ = _take_all(sink, only_a)
+    assert {row[0] for row in rows} == {"demo.a"}
+    assert dropped > 0 and len(rows) + dropped == 200 * 64
+    # The last client gone, the queue shrinks to the recent part again.
+    sink.detach(everything)
+    sink.detach(only_a)
+    assert sink.held[1] <= RECENT_BYTES + len(read) + 200
+
+
+@pytest.mark.anyio
+async def test_the_monitor_keeps_a_bounded_share_of_messages_on_their_way() -> None:
+    sink = MonitorSink(Monitor(True, "demo"))
+    a = Source("demo.a", "a")
+    clients = [_joined(sink) for _ in range(MAX_CLIENTS)]
+    for _ in range(64):
+        sink.write_lines(a, "stdout", 20, 0.0, b"\n".join([b"x" * 1023] * 64))
+    # Every client is made a message it does not take off (a client that does not read).
+    on_their_way = [sink.take(client)[1] for client in clients]
+    assert sum(on_their_way) <= SEND_BUDGET + MAX_CLIENTS * ROW_BYTES
+    assert min(on_their_way) >= ROW_BYTES // 2  # and each one gets something
+    for size in on_their_way:
+        sink.sent(size)
+
+
+@pytest.mark.anyio
+async def test_a_client_far_behind_on_states_gets_the_newest_of_each_process() -> None:
+    sink = MonitorSink(Monitor(True, "demo"))
+    client = _joined(sink)
+    for i in range(STATE_QUEUE + 500):
+        sink.push_state(f"p{i % 3}", json.dumps({"type": "process", "n": i}).encode())
+    messages, size, more = sink.take(client)
+    sink.sent(size)
+    assert not more
+    assert sorted(json.loads(m)["n"] for m in messages) == [
+        STATE_QUEUE + 497,
+        STATE_QUEUE + 498,
+        STATE_QUEUE + 499,
+    ]
+
+
+# -- the other bounds of the log path ------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_refused_log_connections_are_reported_a_bounded_number_of_times() -> None:
+    logs = ListHandler()
+    async with corral.open_runner(console=False, handlers=[logs]) as r:
+        code = "import os; print(os.environ['CORRAL_LOG_SOCKET'])"
+        path = (await r.run([PY, "-c", code], stdout=PIPE)).stdout.decode().strip()
+        for _ in range(MAX_REFUSALS_REPORTED + 10):
+            async with await anyio.connect_unix(path) as peer:
+                await peer.send(struct.pack(">I", 1 << 30))  # no hello
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                    await peer.receive()
+    refused = [m for m in logs.messages("corral") if "is no hello" in m]
+    assert len(refused) == MAX_REFUSALS_REPORTED, refused
+    assert refused[-1].endswith("(further connections refused before their hello go unreported)")
+
+
+@pytest.mark.anyio
+async def test_pipes_are_read_a_bounded_block_at_a_time() -> None:
+    """A child that writes 4 MiB at once: each read of its pipe is at most CHUNK bytes."""
+    async with corral.open_runner(console=False) as r:
+        code = "import os\nos.write(1, b'x' * (4 << 20))"
+        p = await r.start([PY, "-c", code], stdout=LOG | PIPE)
+        assert p.stdout is not None
+        reads = []
+        with anyio.fail_after(20):
+            try:
+                while True:
+                    reads.append(len(await p.stdout.receive(1 << 30)))
+            except anyio.EndOfStream:
+                pass
+        await p.wait()
+    assert sum(reads) == 4 << 20
+    assert max(reads) <= CHUNK
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_an_unread_log_and_pipe_stream_holds_a_bounded_amount() -> None:
+    async with corral.open_runner(console=False) as r:
+        argv = [PY, "-c", HELD_BACK, "stdout", "400"]  # 25 MiB
+        p = await r.start(argv, name="held", stdout=LOG | PIPE, check=False)
+        assert p.stdout is not None
+        code = await p.wait()
+        held = 0
+        with anyio.fail_after(10):
+            try:
+                while True:
+                    held += len(await p.stdout.receive(1 << 30))
+            except anyio.EndOfStream:
+                pass
+    assert code == 3, "the child was never held back"
+    # STREAM_BUFFER, the read that crossed it, and what the pipe held at the exit.
+    assert held <= STREAM_BUFFER + 2 * CHUNK, held
+
+
+@pytest.mark.anyio
+async def test_a_line_longer_than_the_bound_is_delivered_in_pieces() -> None:
+    logs = ListHandler()
+    async with corral.open_runner(console=False, handlers=[logs]) as r:
+        code = "import os\nos.write(1, b'x' * (MAX_LINE * 2 + 100) + b'\\nend\\n')"
+        await r.run([PY, "-c", code.replace("MAX_LINE", str(MAX_LINE))], name="long")
+    assert [len(line) for line in logs.lines("corral.long")] == [MAX_LINE, MAX_LINE, 100, 3]

@@ -76,6 +76,8 @@ MAX_SOURCE: Final = 1024
 #: is closed (a child sends its hello whole as it connects: only a peer that
 #: trickles waits); if none waits, the next waits in the listener's backlog.
 MAX_PENDING_HELLOS: Final = 64
+#: Connections refused before their hello was checked that are reported, at most.
+MAX_REFUSALS_REPORTED: Final = 20
 
 
 @dataclass(eq=False)
@@ -134,6 +136,7 @@ class LogServer:
         self._pending: set[_Connection] = set()
         self._waiting: dict[_Connection, None] = {}  # for the rest of their hello, oldest first
         self._evicted = 0
+        self._refusals = 0
         self._room = anyio.Event()  # set when a pending connection is done or waits
         self._by_source: dict[Source, set[_Connection]] = {}
         self._aborted = False
@@ -377,7 +380,7 @@ class LogServer:
                 if len(buffered) >= _PREFIX.size:
                     (length,) = _PREFIX.unpack_from(buffered)
                     if not 0 < length <= MAX_HELLO:
-                        self._warn(
+                        self._refuse(
                             f"log connection from {conn.describe()}: a first frame of "
                             f"{length} bytes is no hello"
                         )
@@ -397,13 +400,13 @@ class LogServer:
                 except OSError:
                     data = b""
                 if not data:
-                    self._warn(f"log connection from {conn.describe()}: closed before the hello")
+                    self._refuse(f"log connection from {conn.describe()}: closed before the hello")
                     return False
                 buffered += data
         self._waiting.pop(conn, None)
         conn.hello = bytearray()  # the hello is in ``buffered``, for this call only
         if timer.cancelled_caught:
-            self._warn(
+            self._refuse(
                 f"log connection from {conn.describe()}: no hello within {self.hello_timeout:g} s"
             )
             return False
@@ -411,21 +414,21 @@ class LogServer:
         try:
             hello = decode_hello(memoryview(buffered)[_PREFIX.size : end])
         except WireError as exc:
-            self._warn(f"log connection from {conn.describe()}: {exc.reason}")
+            self._refuse(f"log connection from {conn.describe()}: {exc.reason}")
             return False
         # compare_digest takes str only if it is ASCII: compare the UTF-8 bytes.
         if not hmac.compare_digest(hello.secret.encode(), self.secret.encode()):
-            self._warn(f"log connection from {conn.describe()}: wrong secret")
+            self._refuse(f"log connection from {conn.describe()}: wrong secret")
             return False
         if not hello.source or len(hello.source) > MAX_SOURCE:
-            self._warn(
+            self._refuse(
                 f"log connection from {conn.describe()}: a source name of "
                 f"{len(hello.source)} characters is not acceptable"
             )
             return False
         source = self._source_for(hello.source)
         if source is None:
-            self._warn(f"log connection from {conn.describe()}: unknown source {hello.source!r}")
+            self._refuse(f"log connection from {conn.describe()}: unknown source {hello.source!r}")
             return False
         conn.source = source
         conn.state = StreamState(
@@ -442,6 +445,16 @@ class LogServer:
         self._room.set()
         self._by_source.setdefault(source, set()).add(conn)
         return True
+
+    def _refuse(self, message: str) -> None:
+        """Warn of a connection refused before its hello was checked: the first
+        :data:`MAX_REFUSALS_REPORTED` of them (what a peer that is no child of ours
+        makes us say must cost little too)."""
+        self._refusals += 1
+        if self._refusals <= MAX_REFUSALS_REPORTED:
+            if self._refusals == MAX_REFUSALS_REPORTED:
+                message += " (further connections refused before their hello go unreported)"
+            self._warn(message)
 
     def _wait_for_hello(self, conn: _Connection) -> None:
         """``conn`` waits for the rest of its hello: it may be closed to make room."""

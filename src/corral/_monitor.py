@@ -347,6 +347,11 @@ class MonitorSink(_BlockSink):
         """The connected clients (a list that is replaced, never changed: safe to iterate)."""
         return self._clients
 
+    @property
+    def held(self) -> tuple[int, int]:
+        """The records and bytes of output held for clients now."""
+        return self._rows, self._bytes
+
     def start(self, loop: LoopHandle) -> None:
         """The monitor serves (on the loop): clients may come."""
         self._loop = loop

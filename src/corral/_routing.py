@@ -318,6 +318,11 @@ class Router:
             else:
                 complete = data[:cut]
                 state.pending = data[cut + 1 :]
+                if len(complete) > MAX_LINE and b"\r" not in complete[:MAX_LINE]:
+                    # Its first line (the unfinished one, ended now) may be longer.
+                    end = complete.find(b"\n")
+                    if end < 0 or end > MAX_LINE:
+                        complete = complete[:MAX_LINE] + b"\n" + complete[MAX_LINE:]
             size = len(state.pending)
             if (
                 size > MAX_LINE or (size >= MIN_PIECE and self._pending + size > MAX_PENDING)
