@@ -12,6 +12,7 @@ import base64
 import json
 import logging
 import os
+import re
 import socket
 import statistics
 import struct
@@ -37,8 +38,10 @@ from corral._monitor import (
     MAX_CLIENT_MESSAGE,
     MAX_CLIENTS,
     MESSAGE_BYTES,
+    MIN_MESSAGE,
     QUEUE_BYTES,
     RECENT_BYTES,
+    RECENT_MESSAGE,
     RECENT_RECORDS,
     ROW_BYTES,
     ROW_TEXT,
@@ -666,7 +669,7 @@ async def test_the_monitor_keeps_a_bounded_share_of_messages_on_their_way() -> N
         sink.write_lines(a, "stdout", 20, 0.0, b"\n".join([b"x" * 1023] * 64))
     # Every client is made a message it does not take off (a client that does not read).
     on_their_way = [sink.take(client)[1] for client in clients]
-    assert sum(on_their_way) <= SEND_BUDGET + MAX_CLIENTS * ROW_BYTES
+    assert sum(on_their_way) <= SEND_BUDGET + MAX_CLIENTS * MIN_MESSAGE
     assert min(on_their_way) >= ROW_BYTES // 2  # and each one gets something
     for size in on_their_way:
         sink.sent(size)
@@ -753,3 +756,51 @@ async def test_a_line_longer_than_the_bound_is_delivered_in_pieces() -> None:
         code = "import os\nos.write(1, b'x' * (MAX_LINE * 2 + 100) + b'\\nend\\n')"
         await r.run([PY, "-c", code.replace("MAX_LINE", str(MAX_LINE))], name="long")
     assert [len(line) for line in logs.lines("corral.long")] == [MAX_LINE, MAX_LINE, 100, 3]
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def test_every_row_of_the_table_of_buffers_names_tests_that_exist() -> None:
+    """docs/howto/limits.rst: each buffer's row names the tests that hold its bound."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "howto" / "limits.rst").read_text()
+    table = text[text.index(".. _buffers:") :]
+    rows = re.split(r"\n   \* - ", table)[2:]  # after the header row
+    assert len(rows) >= 24, len(rows)
+    for row in rows:
+        cells = re.split(r"\n     - ", row)
+        assert len(cells) == 4, row
+        named = re.findall(r"``(test_\w+)::(test_\w+)``", cells[3])
+        if cells[3].strip() == "—":
+            assert "none" in cells[1], row  # only a buffer with no bound has no test
+            continue
+        assert named, row
+        for module, test in named:
+            source = (root / "tests" / f"{module}.py").read_text()
+            assert re.search(rf"^(async )?def {test}\(", source, re.MULTILINE), (module, test)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("length", [10, 1000])
+async def test_a_client_gets_the_newest_records_from_before_it_in_one_message(
+    length: int,
+) -> None:
+    async with monitored() as (r, readers):
+        assert r.monitor_url is not None
+        code = f"for i in range(600): print(f'{{i:06d}}' + 'x' * {length - 6})"
+        await r.run([PY, "-c", code], name="before")
+        client = await MonitorClient.connect(
+            r.monitor_url,
+        )
+        hello, first = await client.recv(), await client.recv()
+        readers.append(client)
+    assert hello is not None and hello["type"] == "hello"
+    assert first is not None and first["type"] == "logs"
+    numbers = [int(row[5][:6]) for row in first["records"] if row[0] == "demo.before"]
+    assert numbers == list(range(600 - len(numbers), 600))  # the newest, in order
+    if length == 10:
+        assert len(first["records"]) == RECENT_RECORDS
+    else:
+        assert 20 < len(numbers) < RECENT_RECORDS
+        assert len(json.dumps(first)) <= RECENT_MESSAGE + 4096

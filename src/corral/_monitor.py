@@ -30,7 +30,7 @@ adding to the queue costs the same whatever the clients.  The queue holds
 output as it was read; it is split into records only to be sent, in a
 worker thread, one message of at most :data:`MESSAGE_ROWS` records and
 :data:`MESSAGE_BYTES` bytes at a time (the messages on their way to all
-clients hold at most :data:`SEND_BUDGET` bytes, or :data:`ROW_BYTES` each),
+clients hold at most :data:`SEND_BUDGET` bytes, or :data:`MIN_MESSAGE` each),
 and the kernel holds at most :data:`SEND_BUFFER` bytes for a connection: a
 client that stops reading is prepared one message for, not everything that
 follows.
@@ -105,8 +105,10 @@ QUEUE_BYTES: Final = 8 * 1024 * 1024
 #: Log records a client can fall behind by and lose none, if the records it
 #: follows are at least half of all (the page and ``corral tail`` follow all).
 CLIENT_QUEUE: Final = QUEUE_RECORDS // 2
-#: Log records a client gets on connecting, from before it came.
+#: Log records a client gets on connecting, from before it came, at most; as
+#: many as fit in about :data:`RECENT_MESSAGE` bytes (its first message).
 RECENT_RECORDS: Final = 500
+RECENT_MESSAGE: Final = 48 * 1024
 #: While no client is connected, only that much is kept, and at most this many
 #: bytes (plus the newest read, if it alone is more).
 RECENT_BYTES: Final = 1024 * 1024
@@ -122,9 +124,10 @@ ROW_BYTES: Final = 32 * 1024
 MESSAGE_ROWS: Final = 2000
 #: ... and at most this many bytes, fewer when many clients are being sent
 #: messages at once: those messages hold at most :data:`SEND_BUDGET` bytes
-#: together, yet each client may have one of :data:`ROW_BYTES` on its way.
+#: together, yet each client may have one of :data:`MIN_MESSAGE` on its way.
 MESSAGE_BYTES: Final = 256 * 1024
-SEND_BUDGET: Final = 8 * 1024 * 1024
+SEND_BUDGET: Final = 4 * 1024 * 1024
+MIN_MESSAGE: Final = 32 * 1024
 #: Clients at once; the next is refused (``503``) until one leaves.
 MAX_CLIENTS: Final = 256
 #: State messages kept for the clients; a client further behind gets the
@@ -132,6 +135,9 @@ MAX_CLIENTS: Final = 256
 STATE_QUEUE: Final = 1000
 #: Batches of events sent to a client per second, at most.
 SEND_RATE: Final = 20
+#: Worker threads that make messages for clients, at most, all clients
+#: together (they hold the GIL: more would only contend with the log service).
+TAKE_THREADS: Final = 2
 #: Before its token is checked, a connection may send a request of at most
 #: this many bytes (line and headers) ...
 MAX_REQUEST: Final = 16 * 1024
@@ -188,9 +194,17 @@ def _held(entry: _Entry) -> _Held:
         return entry, text.count(b"\n") + 1, len(text) + 200
     if kind == "wire":
         records = entry[2]
-        size = sum(len(r.msg) + len(r.exc_text or "") + len(r.stack_info or "") for r in records)
+        size = sum(map(_record_size, records))
         return entry, len(records), size + 300 * len(records) + 200
     return entry, 1, len(entry[1][5]) + 400
+
+
+def _record_size(rec: Record) -> int:
+    return len(rec.msg) + len(rec.exc_text or "") + len(rec.stack_info or "")
+
+
+#: About what a row costs in JSON beyond its text.
+_ROW_FRAMING: Final = 64
 
 
 def _cut(text: str, keep: int = ROW_TEXT) -> str:
@@ -264,17 +278,32 @@ class _Filter:
             return sum(1 for rec in records if rec.level >= level)
         return 1 if self.row_ok(entry[1]) else 0
 
-    def start(self, entry: _Entry, rows: int, wanted: int) -> int:
-        """Where in ``entry`` the last ``wanted`` rows it matches begin (there are as many)."""
-        if entry[0] == "wire" and self.level > 0:
-            records = entry[2]
-            for index in range(len(records) - 1, -1, -1):
-                if records[index].level >= self.level:
-                    wanted -= 1
-                    if not wanted:
-                        return index
-            return 0
-        return rows - wanted
+    def recent(self, entry: _Entry, rows: int, wanted: int, nbytes: int) -> tuple[int, int]:
+        """The newest rows of ``entry`` it matches, at most ``wanted`` of them and about
+        ``nbytes`` bytes: where they begin, and how many they are."""
+        kind = entry[0]
+        if kind == "lines":
+            if entry[3] < self.level or not self.source_ok(entry[1]):
+                return rows, 0
+            sizes: list[int] = [len(line) + _ROW_FRAMING for line in entry[5].split(b"\n")]
+        elif kind == "wire":
+            if not self.source_ok(entry[1]):
+                return rows, 0
+            sizes = [
+                _record_size(rec) + _ROW_FRAMING if rec.level >= self.level else -1
+                for rec in entry[2]
+            ]
+        else:
+            sizes = [len(entry[1][5]) + _ROW_FRAMING if self.row_ok(entry[1]) else -1]
+        start, count = rows, 0
+        for index in range(rows - 1, -1, -1):
+            size = sizes[index]
+            if size < 0:
+                continue  # not wanted
+            if count == wanted or size > nbytes:
+                break
+            start, count, nbytes = index, count + 1, nbytes - size
+        return start, count
 
 
 class _Client:
@@ -485,25 +514,32 @@ class MonitorSink(_BlockSink):
             wanted = client.filter
             held = list(self._held)
             counts = [wanted.count(e, rows) for e, rows, _ in held]
-            entry, offset, missing = self._first + len(held), 0, RECENT_RECORDS
+            # The newest rows it wants, as many as fit in a first message.
+            entry, offset = self._first + len(held), 0
+            missing, nbytes, taken = RECENT_RECORDS, RECENT_MESSAGE, 0
             for index in range(len(held) - 1, -1, -1):
                 count = counts[index]
                 if not count:
                     continue
-                e, rows, _ = held[index]
-                entry = self._first + index
-                if count >= missing:
-                    offset, missing = wanted.start(e, rows, missing), 0
-                    break
-                missing -= count
+                e, rows, size = held[index]
+                if count <= missing and size + _ROW_FRAMING * rows <= nbytes:
+                    entry, offset = self._first + index, 0
+                    missing, taken = missing - count, taken + count
+                    nbytes -= size + _ROW_FRAMING * rows
+                    continue
+                start, count = wanted.recent(e, rows, missing, nbytes)
+                if count:
+                    entry, offset, taken = self._first + index, start, taken + count
+                break
             client.entry, client.offset = entry, offset
-            client.base = wanted.evicted + sum(counts) - (RECENT_RECORDS - missing)
+            client.base = wanted.evicted + sum(counts) - taken
             self._clients = [*self._clients, client]
 
     def join(self, client: _Client) -> tuple[list[bytes], int, bool]:
-        """:meth:`attach` ``client``, and :meth:`take` its first messages."""
+        """:meth:`attach` ``client``, and :meth:`take` its first messages (the recent
+        records all in one, whatever the budget)."""
         self.attach(client)
-        return self.take(client)
+        return self.take(client, RECENT_MESSAGE + ROW_BYTES)
 
     def state_position(self) -> int:
         """The number of the next state message (a client that joins gets it and those after)."""
@@ -542,20 +578,21 @@ class MonitorSink(_BlockSink):
         with self._lock:
             self._in_flight -= size
 
-    def take(self, client: _Client) -> tuple[list[bytes], int, bool]:
+    def take(self, client: _Client, least: int = MIN_MESSAGE) -> tuple[list[bytes], int, bool]:
         """The next messages for ``client``, their size, and whether more is waiting.
 
         At most one ``logs`` message, of at most :data:`MESSAGE_ROWS` rows
         and as many bytes as the budget allows (:data:`MESSAGE_BYTES`, less
         when many clients are being sent messages).  Rows are made here, off
-        the loop, from where the client is in the queue; :meth:`release`
-        must be called with the size once the messages are sent.
+        the loop, from where the client is in the queue; :meth:`sent`
+        must be called with the size once the messages are sent.  The
+        message may be ``least`` bytes whatever the budget.
         """
         with client.busy:
             messages: list[bytes] = []
             with self._lock:
                 self._catch_up(client)
-                limit = max(ROW_BYTES, min(MESSAGE_BYTES, SEND_BUDGET - self._in_flight))
+                limit = max(least, min(MESSAGE_BYTES, SEND_BUDGET - self._in_flight))
                 if client.state < self._states_first:
                     # Far behind: the newest state of each process instead.
                     client.resync = list(self._newest.values())
@@ -706,6 +743,7 @@ class Monitor:
         #: Connections whose request is not checked yet, oldest first: how to close each.
         self._handshakes: dict[object, Callable[[], None]] = {}
         self._joining = 0  # clients accepted, not attached yet
+        self._limiter: anyio.CapacityLimiter | None = None
 
     # -- what the runner tells it ---------------------------------------------------------
 
@@ -814,6 +852,7 @@ class Monitor:
     async def serve(self, loop: LoopHandle) -> None:
         """Serve until the runner ends (a task of the runner)."""
         self._loop = loop
+        self._limiter = anyio.CapacityLimiter(TAKE_THREADS)
         self.sink.start(loop)
         if loop.backend == "trio":
             await self._serve_trio()
@@ -834,7 +873,9 @@ class Monitor:
         snapshot = self._snapshot()
         self._joining += 1
         try:
-            messages, size, more = await anyio.to_thread.run_sync(sink.join, client)
+            messages, size, more = await anyio.to_thread.run_sync(
+                sink.join, client, limiter=self._limiter
+            )
         except BaseException:
             self._leave(client)
             raise
@@ -877,6 +918,7 @@ class Monitor:
                             client,
                             str(request.get("source") or "*"),
                             level if isinstance(level, int) else _level_number(str(level)),
+                            limiter=self._limiter,
                         )
             except closed:
                 pass
@@ -909,7 +951,9 @@ class Monitor:
                         # Rows are made and encoded off the loop, one message's worth
                         # at a time: a client that reads nothing is made one message,
                         # not one for everything that follows.
-                        messages, size, more = await anyio.to_thread.run_sync(sink.take, client)
+                        messages, size, more = await anyio.to_thread.run_sync(
+                            sink.take, client, limiter=self._limiter
+                        )
                 except closed:
                     pass
                 tg.cancel_scope.cancel()
@@ -1003,6 +1047,8 @@ class Monitor:
             open_timeout=HANDSHAKE_TIMEOUT,
             max_size=MAX_CLIENT_MESSAGE,
             max_queue=4,
+            # Its own buffer, beyond the message being sent: the kernel's is the buffer.
+            write_limit=WRITE_LIMIT,
         )
         try:
             sockets = list(server.sockets)
@@ -1136,10 +1182,15 @@ class Monitor:
             nursery.cancel_scope.cancel()
 
 
+#: What websockets' asyncio server buffers for a connection beyond the message
+#: being sent (its high-water mark): the kernel's buffer is the one that counts.
+WRITE_LIMIT: Final = 4096
+
 #: The kernel send buffer of a monitor connection.  Left to the kernel, it
 #: grows to megabytes for a client that does not read, and the runner would
-#: prepare all of that for it; this much is a few thousand records.
-SEND_BUFFER: Final = 256 * 1024
+#: prepare all of that for it; this much is a few hundred records, and
+#: still megabytes a second over a link of a few milliseconds.
+SEND_BUFFER: Final = 64 * 1024
 
 
 def _bound_send_buffer(sock: socket.socket | None) -> None:

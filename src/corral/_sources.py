@@ -393,8 +393,8 @@ class LogTail:
     exited for good, or the runner stopped).  Use it as an async context
     manager, or call :meth:`aclose`, when done before that: an open tail
     that is not read holds the child back once ``buffer`` records, or
-    :data:`TAIL_BYTES` bytes of their text, are waiting (backpressure),
-    although it never holds up a stop.
+    1 MiB of their text, are waiting (backpressure), although it never
+    holds up a stop (see :ref:`buffers`).
     """
 
     def __init__(self, source: Source, buffer: int) -> None:
