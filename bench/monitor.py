@@ -1,18 +1,25 @@
-"""What a stuck monitor client costs a runner: a burst of lines with and without one.
+"""What stuck monitor clients cost a runner: time and memory of a flood with and without them.
 
-Issue 12's target: a client that connects to the monitor and then never reads
-must not slow a 20,000-record burst by more than 10%.  Each repetition runs
-one child printing ``--lines`` lines of ``--length`` characters under a runner
-with a monitor, and times it from start until a counting handler has every
-line.  Repetitions alternate between no client at all (the baseline) and one
-stuck client: a raw socket that completes the WebSocket handshake with a
-4 KiB receive buffer and then reads nothing.  Medians of ``--reps`` pairs,
-each backend in a fresh interpreter.
+Issue 15's targets: clients that connect to the monitor and then never read
+must not slow a flood by more than 10%, however many (200 here), and must
+cost the launcher a bounded amount of memory, per client and in total.  Each
+repetition runs one child printing ``--lines`` lines of ``--length``
+characters under a runner with a monitor, and times it from start until a
+counting handler has every line.  Repetitions alternate between no client at
+all (the baseline) and N stuck clients: raw sockets that complete the
+WebSocket handshake with a 4 KiB receive buffer and then read nothing.
+Medians of ``--reps`` pairs, each backend in a fresh interpreter.
+
+Memory: for each number of stuck clients (0 included), the peak resident
+size of the launcher (``VmHWM``, reset through ``/proc/self/clear_refs``)
+during one flood of ``--big-lines`` lines of 16 KiB, above what it held
+before; and the same for a runner whose monitor has no client at all, with
+lines of 1 MiB.
 
 Run it::
 
-    python bench/monitor.py                # both backends, 21 pairs each
-    python bench/monitor.py --markdown     # the table for bench/RESULTS.md
+    python bench/monitor.py                # both backends, 21 pairs each, 1 and 200 clients
+    python bench/monitor.py --markdown     # the tables for bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -36,12 +43,16 @@ from _common import print_table  # bench/ is on sys.path when a script runs
 BACKENDS = ("asyncio", "trio")
 
 FLOOD = """
-import sys
+import os, sys
 count, length = int(sys.argv[1]), int(sys.argv[2])
-pad = "x" * max(0, length - 7)
-out = sys.stdout
-for i in range(count):
-    out.write(f"{i:06d} {pad}\\n")
+line = b"x" * (length - 1) + b"\\n"
+per_write = max(1, 65536 // length)
+block = line * per_write
+written = 0
+while written < count:
+    n = min(per_write, count - written)
+    os.write(1, block if n == per_write else line * n)
+    written += n
 """
 
 
@@ -85,25 +96,46 @@ def _stuck_client(url: str) -> socket.socket:
     return sock
 
 
-async def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
+def _peak_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
+
+
+def _reset_peak() -> int:
+    """Reset the peak resident size; the resident size now (KiB)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     import anyio
 
     import corral
 
     counter = _Counter()
-    times: dict[str, list[float]] = {"without": [], "with": []}
+    counts = [int(n) for n in args.clients.split(",")]
+    times: dict[str, list[float]] = {"0": [], **{str(n): [] for n in counts}}
     async with corral.open_runner(
         name="bench", monitor=True, console=False, handlers=[counter]
     ) as r:
         assert r.monitor_url is not None
+        url = r.monitor_url
         monitor = r._monitor
         assert monitor is not None
 
-        async def burst() -> float:
-            counter.count, counter.target = 0, args.lines
+        async def burst(lines: int, length: int) -> float:
+            counter.count, counter.target = 0, lines
             counter.done.clear()
             start = time.perf_counter()
-            argv = [sys.executable, "-c", FLOOD, str(args.lines), str(args.length)]
+            argv = [sys.executable, "-c", FLOOD, str(lines), str(length)]
             await r.run(argv, name="burst")
             await anyio.to_thread.run_sync(counter.done.wait)
             return time.perf_counter() - start
@@ -112,37 +144,83 @@ async def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
             while len(monitor.clients()) != n:
                 await anyio.sleep(0.005)
 
-        await burst()  # warm up
-        for _ in range(args.reps):
-            times["without"].append(await burst())
-            sock = await anyio.to_thread.run_sync(_stuck_client, r.monitor_url)
-            await until_clients(1)
-            times["with"].append(await burst())
-            sock.close()
+        async def connect(n: int) -> list[socket.socket]:
+            socks = await anyio.to_thread.run_sync(lambda: [_stuck_client(url) for _ in range(n)])
+            await until_clients(n)
+            await burst(args.lines, args.length)  # let every one of them get stuck
+            return socks
+
+        async def disconnect(socks: list[socket.socket]) -> None:
+            for sock in socks:
+                sock.close()
             await until_clients(0)
-    return times
+
+        await burst(args.lines, args.length)  # warm up
+        for n in counts:
+            for _ in range(args.reps):
+                times["0"].append(await burst(args.lines, args.length))
+                socks = await connect(n)
+                times[str(n)].append(await burst(args.lines, args.length))
+                await disconnect(socks)
+    return {"times": times}
+
+
+async def _memory(args: argparse.Namespace) -> float:
+    """In a fresh interpreter: the peak growth of one flood, with ``args.memory`` stuck
+    clients (of 16 KiB lines), or with a monitor nobody connects to (``-1``: of 1 MiB)."""
+    import anyio
+
+    import corral
+
+    stuck = args.memory
+    async with corral.open_runner(name="bench", monitor=True, console=False) as r:
+        assert r.monitor_url is not None
+        url = r.monitor_url
+        monitor = r._monitor
+        assert monitor is not None
+        flood = [sys.executable, "-c", FLOOD]
+        length = 16384 if stuck >= 0 else 1 << 20
+        lines = args.big_lines if stuck >= 0 else 300
+        await r.run([*flood, str(lines // 10), str(length)])  # warm up
+        socks = await anyio.to_thread.run_sync(
+            lambda: [_stuck_client(url) for _ in range(max(stuck, 0))]
+        )
+        while len(monitor.clients()) != max(stuck, 0):
+            await anyio.sleep(0.005)
+        before = _reset_peak()
+        await r.run([*flood, str(lines), str(length)])
+        grown = (_peak_kib() - before) / 1024
+        for sock in socks:
+            sock.close()
+    return grown
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=(*BACKENDS, "both"), default="both")
-    parser.add_argument("--reps", type=int, default=21, help="pairs of bursts (21)")
-    parser.add_argument("--lines", type=int, default=20_000, help="lines per burst")
-    parser.add_argument("--length", type=int, default=200, help="characters per line")
-    parser.add_argument("--markdown", action="store_true", help="the table in Markdown")
+    parser.add_argument("--reps", type=int, default=21, help="pairs of bursts per count (21)")
+    parser.add_argument("--lines", type=int, default=50_000, help="lines per burst (50,000)")
+    parser.add_argument("--length", type=int, default=200, help="characters per line (200)")
+    parser.add_argument("--clients", default="1,200", help="stuck clients, a list (1,200)")
+    parser.add_argument(
+        "--big-lines", type=int, default=20_000, help="lines of 16 KiB for memory (20,000)"
+    )
+    parser.add_argument("--markdown", action="store_true", help="the tables in Markdown")
     parser.add_argument("--worker", action="store_true", help="one backend, JSON out")
+    parser.add_argument("--memory", type=int, help="one memory figure, JSON out")
     args = parser.parse_args()
 
-    if args.worker:
+    if args.worker or args.memory is not None:
         import anyio
 
-        print(json.dumps(anyio.run(_measure, args, backend=args.backend)))
+        work = _measure if args.worker else _memory
+        print(json.dumps(anyio.run(work, args, backend=args.backend)))
         return
 
     backends = BACKENDS if args.backend == "both" else (args.backend,)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"# monitor: a stuck client during a burst  ({time.strftime('%Y-%m-%d %H:%M')}, "
+        f"# monitor: stuck clients during a flood  ({time.strftime('%Y-%m-%d %H:%M')}, "
         f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {load})"
     )
     print(f"# command: python bench/monitor.py {' '.join(sys.argv[1:])}".rstrip())
@@ -153,25 +231,65 @@ def main() -> None:
             [
                 *(sys.executable, __file__, "--worker", "--backend", backend),
                 *("--reps", str(args.reps), "--lines", str(args.lines)),
-                *("--length", str(args.length)),
+                *("--length", str(args.length), "--clients", args.clients),
+                *("--big-lines", str(args.big_lines)),
             ],
             check=True,
             capture_output=True,
             text=True,
         )
-        times: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-        with_stuck = statistics.median(times["with"])
-        without = statistics.median(times["without"])
-        ratio = with_stuck / without
+        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        times = result["times"]
+        memory = {}
+        for n in ["0", *args.clients.split(","), "-1"]:
+            out = subprocess.run(
+                [
+                    *(sys.executable, __file__, "--memory", n, "--backend", backend),
+                    *("--big-lines", str(args.big_lines)),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            memory[n] = float(out.stdout.strip().splitlines()[-1])
+        without = statistics.median(times["0"])
+        for n in args.clients.split(","):
+            with_stuck = statistics.median(times[n])
+            ratio = with_stuck / without
+            rows.append(
+                (
+                    backend,
+                    f"{args.lines:,}-line flood with {n} stuck clients vs none "
+                    f"(median of {args.reps})",
+                    f"{with_stuck * 1000:.0f} ms",
+                    f"{without * 1000:.0f} ms",
+                    f"{ratio:.2f}",
+                    "<= 1.10x",
+                    "yes" if ratio <= 1.10 else "**NO**",
+                )
+            )
+        for n in args.clients.split(","):
+            grown = memory[n]
+            rows.append(
+                (
+                    backend,
+                    f"peak growth, {args.big_lines:,} lines of 16 KiB, {n} stuck clients vs none",
+                    f"{grown:.1f} MiB",
+                    f"{memory['0']:.1f} MiB",
+                    f"+{grown - memory['0']:.1f} MiB",
+                    "bounded",
+                    "",
+                )
+            )
         rows.append(
             (
                 backend,
-                f"{args.lines:,}-line burst with a stuck client vs none (median of {args.reps})",
-                f"{with_stuck * 1000:.0f} ms",
-                f"{without * 1000:.0f} ms",
-                f"{ratio:.2f}",
-                "<= 1.10x",
-                "yes" if ratio <= 1.10 else "**NO**",
+                "peak growth, 300 lines of 1 MiB, a monitor nobody connects to",
+                f"{memory['-1']:.1f} MiB",
+                "",
+                "",
+                "bounded",
+                "",
             )
         )
     print_table(header, rows, args.markdown)

@@ -34,7 +34,7 @@ from ._collector import Collector
 from ._logserver import LogServer
 from ._records import make_record
 from ._routing import LINES, RECORDS, Chunk, ConsoleHandler, LogFiles, Route, Router, StreamState
-from ._sources import Source
+from ._sources import Backlogs, Source
 
 __all__ = ["LogHub"]
 
@@ -62,6 +62,8 @@ class LogHub:
         self._log_dir = log_dir
         self._propagate = propagate
         self._sources: dict[str, Source] = {}
+        #: The backlogs of every source, bounded together.
+        self._backlogs = Backlogs()
         self.log_path: str | None = None
         self.router: Router
         self.collector: Collector
@@ -95,7 +97,9 @@ class LogHub:
                 files = LogFiles(self.log_path)
                 self._routes.append(Route(files))
                 self._owned.append(files)
-            self.router = Router(self._runner_name, self._routes, propagate=self._propagate)
+            self.router = Router(
+                self._runner_name, self._routes, propagate=self._propagate, backlogs=self._backlogs
+            )
             self.collector = Collector(self.router, name=self._runner_name)
             self._runner_state = StreamState(
                 self.router.runner_source, RECORDS, None, 0, os.getpid()
@@ -161,7 +165,7 @@ class LogHub:
         name = f"{self._runner_name}.{relative}"
         source = self._sources.get(name)
         if source is None:
-            source = self._sources[name] = Source(name, relative)
+            source = self._sources[name] = Source(name, relative, self._backlogs)
         else:
             source.restart()
         return source
@@ -174,7 +178,7 @@ class LogHub:
             relative = name[len(prefix) :] if name.startswith(prefix) else name
             if len(self._sources) >= 100_000:
                 return None
-            source = self._sources[name] = Source(name, relative)
+            source = self._sources[name] = Source(name, relative, self._backlogs)
         return source
 
     def sources(self) -> list[Source]:

@@ -71,6 +71,13 @@ _TRICKLE: Final = 16 * 1024
 _COALESCE: Final = 0.001
 #: Source names on the wire may not be longer than this.
 MAX_SOURCE: Final = 1024
+#: Connections accepted whose hello is not checked yet, at most.  To accept
+#: another, the one of them that has waited longest for the rest of its hello
+#: is closed (a child sends its hello whole as it connects: only a peer that
+#: trickles waits); if none waits, the next waits in the listener's backlog.
+MAX_PENDING_HELLOS: Final = 64
+#: Connections refused before their hello was checked that are reported, at most.
+MAX_REFUSALS_REPORTED: Final = 20
 
 
 @dataclass(eq=False)
@@ -83,6 +90,8 @@ class _Connection:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     wait_scope: anyio.CancelScope | None = None
     closed: anyio.Event = field(default_factory=anyio.Event)
+    evicted: bool = False  # closed to make room for other hellos
+    hello: bytearray = field(default_factory=bytearray)  # what came of it so far
 
     def describe(self) -> str:
         who = f"pid {'?' if self.peer_pid is None else self.peer_pid}"
@@ -125,6 +134,10 @@ class LogServer:
         self._listener: socket.socket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._pending: set[_Connection] = set()
+        self._waiting: dict[_Connection, None] = {}  # for the rest of their hello, oldest first
+        self._evicted = 0
+        self._refusals = 0
+        self._room = anyio.Event()  # set when a pending connection is done or waits
         self._by_source: dict[Source, set[_Connection]] = {}
         self._aborted = False
 
@@ -177,7 +190,7 @@ class LogServer:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-            self._accept_backlog()
+            self._accept_backlog(force=True)
             if self._tg is not None:
                 anyio.notify_closing(self._listener)  # the accept loop may wait on it
             self._listener.close()
@@ -215,6 +228,10 @@ class LogServer:
                 return  # closing: _stop_listening accepts what is left
             try:
                 self._accept_backlog(raise_errors=True)
+                while self._listener is not None and self._pending_full():
+                    # Every pending connection is being read: accept once one is done.
+                    self._room = anyio.Event()
+                    await self._room.wait()
             except OSError as exc:
                 if exc.errno not in _OUT_OF_RESOURCES:
                     raise
@@ -228,11 +245,20 @@ class LogServer:
                     warned = True
                 await anyio.sleep(_ACCEPT_RETRY_DELAY)
 
-    def _accept_backlog(self, *, raise_errors: bool = False) -> None:
+    def _pending_full(self) -> bool:
+        return len(self._pending) >= MAX_PENDING_HELLOS and not self._waiting
+
+    def _accept_backlog(self, *, raise_errors: bool = False, force: bool = False) -> None:
+        """Accept what waits in the listener's backlog: everything if ``force`` (at
+        the end, or a drain), else as long as there is room for hellos."""
         listener = self._listener
         if listener is None or self._tg is None:
             return
         while True:
+            if not force and len(self._pending) >= MAX_PENDING_HELLOS:
+                if not self._waiting:
+                    return
+                self._evict(next(iter(self._waiting)))
             try:
                 sock, _ = listener.accept()
             except BlockingIOError:
@@ -259,7 +285,7 @@ class LogServer:
         for ``linger``.  A connection from a live process that left the group is
         left alone: it may go on logging under this source.
         """
-        self._accept_backlog()
+        self._accept_backlog(force=True)
         conns = [
             conn
             for conn in (*self._pending, *self._by_source.get(source, ()))
@@ -278,8 +304,12 @@ class LogServer:
             with conn.scope:
                 if await self._hello(conn):
                     await self._read(conn)
+                else:
+                    _discard(conn.sock)
         finally:
             self._pending.discard(conn)
+            self._waiting.pop(conn, None)
+            self._room.set()
             if conn.source is not None:
                 conns = self._by_source.get(conn.source)
                 if conns is not None:
@@ -294,6 +324,14 @@ class LogServer:
             conn.closed.set()
             if conn.scope.cancelled_caught and self._aborted:
                 self._warn(f"closed the log connection from {conn.describe()}: exit aborted")
+            elif conn.evicted:
+                self._evicted += 1
+                if self._evicted == 1:  # once: a flood of them would say it a thousand times
+                    self._warn(
+                        f"closed the log connection from {conn.describe()}: it waited for "
+                        f"the rest of its hello while {MAX_PENDING_HELLOS} connections did "
+                        "and others came (more such are closed without a word)"
+                    )
 
     async def _wait_readable(self, conn: _Connection) -> bool:
         """Wait for data; ``False`` if the drain rules say to give up on the connection."""
@@ -328,33 +366,47 @@ class LogServer:
             return True
 
     async def _hello(self, conn: _Connection) -> bool:
-        buffered = bytearray()
+        """Read and check the hello; ``False`` (with a warning) if it is none.
+
+        Nothing is read beyond the hello, which may be at most
+        :data:`~corral._wire.MAX_HELLO` bytes and must come within
+        ``hello_timeout``: before its secret is checked, a connection costs
+        at most that.
+        """
+        buffered = conn.hello
+        length = 0
         with anyio.move_on_after(self.hello_timeout) as timer:
             while True:
                 if len(buffered) >= _PREFIX.size:
                     (length,) = _PREFIX.unpack_from(buffered)
                     if not 0 < length <= MAX_HELLO:
-                        self._warn(
+                        self._refuse(
                             f"log connection from {conn.describe()}: a first frame of "
                             f"{length} bytes is no hello"
                         )
                         return False
-                    if len(buffered) >= _PREFIX.size + length:
+                    missing = _PREFIX.size + length - len(buffered)
+                    if not missing:
                         break
-                if not await self._wait_readable(conn):
-                    return False
+                else:
+                    missing = _PREFIX.size - len(buffered)
                 try:
-                    data = conn.sock.recv(_RECEIVE_SIZE)
+                    data = conn.sock.recv(missing)
                 except BlockingIOError:
+                    self._wait_for_hello(conn)
+                    if not await self._wait_readable(conn):
+                        return False
                     continue
                 except OSError:
                     data = b""
                 if not data:
-                    self._warn(f"log connection from {conn.describe()}: closed before the hello")
+                    self._refuse(f"log connection from {conn.describe()}: closed before the hello")
                     return False
                 buffered += data
+        self._waiting.pop(conn, None)
+        conn.hello = bytearray()  # the hello is in ``buffered``, for this call only
         if timer.cancelled_caught:
-            self._warn(
+            self._refuse(
                 f"log connection from {conn.describe()}: no hello within {self.hello_timeout:g} s"
             )
             return False
@@ -362,21 +414,21 @@ class LogServer:
         try:
             hello = decode_hello(memoryview(buffered)[_PREFIX.size : end])
         except WireError as exc:
-            self._warn(f"log connection from {conn.describe()}: {exc.reason}")
+            self._refuse(f"log connection from {conn.describe()}: {exc.reason}")
             return False
         # compare_digest takes str only if it is ASCII: compare the UTF-8 bytes.
         if not hmac.compare_digest(hello.secret.encode(), self.secret.encode()):
-            self._warn(f"log connection from {conn.describe()}: wrong secret")
+            self._refuse(f"log connection from {conn.describe()}: wrong secret")
             return False
         if not hello.source or len(hello.source) > MAX_SOURCE:
-            self._warn(
+            self._refuse(
                 f"log connection from {conn.describe()}: a source name of "
                 f"{len(hello.source)} characters is not acceptable"
             )
             return False
         source = self._source_for(hello.source)
         if source is None:
-            self._warn(f"log connection from {conn.describe()}: unknown source {hello.source!r}")
+            self._refuse(f"log connection from {conn.describe()}: unknown source {hello.source!r}")
             return False
         conn.source = source
         conn.state = StreamState(
@@ -390,16 +442,47 @@ class LogServer:
             on_error=lambda: _wake(conn),
         )
         self._pending.discard(conn)
+        self._room.set()
         self._by_source.setdefault(source, set()).add(conn)
-        rest = bytes(buffered[end:])
-        if rest:
-            await self._collector.put(Chunk(conn.state, rest, time.time()))
         return True
+
+    def _refuse(self, message: str) -> None:
+        """Warn of a connection refused before its hello was checked: the first
+        :data:`MAX_REFUSALS_REPORTED` of them (what a peer that is no child of ours
+        makes us say must cost little too)."""
+        self._refusals += 1
+        if self._refusals <= MAX_REFUSALS_REPORTED:
+            if self._refusals == MAX_REFUSALS_REPORTED:
+                message += " (further connections refused before their hello go unreported)"
+            self._warn(message)
+
+    def _wait_for_hello(self, conn: _Connection) -> None:
+        """``conn`` waits for the rest of its hello: it may be closed to make room."""
+        if conn not in self._waiting:
+            self._waiting[conn] = None
+            self._room.set()
+
+    def _evict(self, conn: _Connection) -> None:
+        """Close ``conn``, which waits for the rest of its hello, to accept another."""
+        del self._waiting[conn]
+        self._pending.discard(conn)
+        conn.evicted = True
+        conn.hello.clear()  # now: its task runs later
+        conn.scope.cancel()
 
     async def _read(self, conn: _Connection) -> None:
         state = conn.state
         assert state is not None
         while state.error is None:
+            if conn.draining_since is None:
+                # A live tail of this source is full: read on once it has room
+                # (backpressure, as for pipes), or once the process has exited.
+                room = state.source.room_event()
+                if not room.is_set():
+                    with anyio.CancelScope() as conn.wait_scope:
+                        await room.wait()
+                    conn.wait_scope = None
+                    continue
             # Read first, wait only when the socket is empty: during a burst the
             # data is there already, and a readiness wait costs more than a read.
             try:
@@ -426,6 +509,20 @@ def _wake(conn: _Connection) -> None:
     """The worker found garbage on ``conn`` (called on the loop): stop waiting on it."""
     if conn.wait_scope is not None:
         conn.wait_scope.cancel()
+
+
+_SCRATCH: Final = bytearray(16 * 1024)
+
+
+def _discard(sock: socket.socket) -> None:
+    """Read and forget what a refused peer sent already (up to 64 KiB), so that it
+    sees the connection end rather than reset."""
+    for _ in range(4):
+        try:
+            if not sock.recv_into(_SCRATCH):
+                return
+        except OSError:
+            return
 
 
 def _peer_pid(sock: socket.socket) -> int | None:

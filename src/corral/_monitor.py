@@ -13,17 +13,27 @@ the WebSocket library of the running loop: trio-websocket on Trio, the
 connection — the page, the WebSocket — must carry the access token
 (``?token=``, compared in constant time); a missing or wrong one is refused
 with ``403`` and no data.  A browser's ``Origin`` must be the monitor's own
-page: its port, and a name that cannot be made to point elsewhere.
+page: its port, and a name that cannot be made to point elsewhere.  Before
+its token is checked a connection costs next to nothing: it may send a
+request of at most :data:`MAX_REQUEST` bytes within
+:data:`HANDSHAKE_TIMEOUT` seconds, and of :data:`MAX_HANDSHAKES` such
+connections the oldest is closed when another comes.
 
-**Never in the way.**  Each client has a bounded queue of log events; a
-client that reads slowly (or not at all) loses its *oldest* log events, and
-the next message it gets says how many (``{"type": "dropped"}``).  The
-runner, the other clients, the log files and handlers lose nothing and wait
-for nobody.  The queue holds output as it was read; it is split into
-records only to be sent, in a worker thread, a message of at most
-:data:`MESSAGE_ROWS` records at a time, and the kernel holds at most
-:data:`SEND_BUFFER` bytes for a connection: a client that stops reading is
-prepared one message for, not everything that follows.
+**Never in the way.**  The monitor keeps one queue of log events for all
+its clients, bounded in records and bytes (:data:`QUEUE_RECORDS`,
+:data:`QUEUE_BYTES`; only the few hundred a client gets on connecting while
+none is connected); each client has its place in it.  A client that reads
+slowly (or not at all) loses its *oldest* log events, and the next message
+it gets says how many (``{"type": "dropped"}``).  The runner, the other
+clients, the log files and handlers lose nothing and wait for nobody, and
+adding to the queue costs the same whatever the clients.  The queue holds
+output as it was read; it is split into records only to be sent, in a
+worker thread, one message of at most :data:`MESSAGE_ROWS` records and
+:data:`MESSAGE_BYTES` bytes at a time (the messages on their way to all
+clients hold at most :data:`SEND_BUDGET` bytes, or :data:`MIN_MESSAGE` each),
+and the kernel holds at most :data:`SEND_BUFFER` bytes for a connection: a
+client that stops reading is prepared one message for, not everything that
+follows.
 
 The protocol (version 1), JSON text messages, server to client:
 
@@ -63,10 +73,12 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import anyio.to_thread
 import msgspec
 
 from ._routing import _BlockSink, _format_message, _wire_message, source_of
@@ -74,6 +86,8 @@ from ._sources import Source
 from ._wire import Record
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ._backend import LoopHandle
     from ._process import Process
 
@@ -81,12 +95,60 @@ __all__ = ["PROTOCOL_VERSION", "Monitor", "MonitorSink", "parse_address"]
 
 PROTOCOL_VERSION: Final = 1
 
-#: Log events a client may fall behind by before its oldest are dropped.
-CLIENT_QUEUE: Final = 10_000
-#: Log records a client gets on connecting, from before it came.
+# Every bound below is in docs/howto/limits.rst, each with its test.
+
+#: The newest log records the monitor keeps for its clients, all of them
+#: together: a client that falls further behind loses its oldest.
+QUEUE_RECORDS: Final = 20_000
+#: ... and at most this many bytes of output (plus the newest read, if it alone is more).
+QUEUE_BYTES: Final = 8 * 1024 * 1024
+#: Log records a client can fall behind by and lose none, if the records it
+#: follows are at least half of all (the page and ``corral tail`` follow all).
+CLIENT_QUEUE: Final = QUEUE_RECORDS // 2
+#: Log records a client gets on connecting, from before it came, at most; as
+#: many as fit in about :data:`RECENT_MESSAGE` bytes (its first message).
 RECENT_RECORDS: Final = 500
-#: Reads of output kept for that (each holds one or more records).
-RECENT_READS: Final = 500
+RECENT_MESSAGE: Final = 48 * 1024
+#: While no client is connected, only that much is kept, and at most this many
+#: bytes (plus the newest read, if it alone is more).
+RECENT_BYTES: Final = 1024 * 1024
+#: A record's text longer than this (characters) is sent cut in the middle;
+#: files, handlers and tails have it whole.
+ROW_TEXT: Final = 16 * 1024
+#: Logger names longer than this (characters) are sent cut.
+ROW_NAME: Final = 256
+#: A record is at most this long in JSON (a text of control characters, each
+#: escaped in six bytes, is cut further).
+ROW_BYTES: Final = 32 * 1024
+#: A ``logs`` message holds at most this many records...
+MESSAGE_ROWS: Final = 2000
+#: ... and at most this many bytes, fewer when many clients are being sent
+#: messages at once: those messages hold at most :data:`SEND_BUDGET` bytes
+#: together, yet each client may have one of :data:`MIN_MESSAGE` on its way.
+MESSAGE_BYTES: Final = 256 * 1024
+SEND_BUDGET: Final = 4 * 1024 * 1024
+MIN_MESSAGE: Final = 32 * 1024
+#: Clients at once; the next is refused (``503``) until one leaves.
+MAX_CLIENTS: Final = 256
+#: State messages kept for the clients; a client further behind gets the
+#: newest state of each process instead.
+STATE_QUEUE: Final = 1000
+#: Batches of events sent to a client per second, at most.
+SEND_RATE: Final = 20
+#: Worker threads that make messages for clients, at most, all clients
+#: together (they hold the GIL: more would only contend with the log service).
+TAKE_THREADS: Final = 2
+#: Before its token is checked, a connection may send a request of at most
+#: this many bytes (line and headers) ...
+MAX_REQUEST: Final = 16 * 1024
+#: ... within this many seconds; otherwise it is closed.
+HANDSHAKE_TIMEOUT: Final = 5.0
+#: Connections whose request has not been checked yet, at most: beyond, the
+#: oldest of them is closed.
+MAX_HANDSHAKES: Final = 64
+#: A message from a client (a filter) is at most this long; a longer one
+#: closes the connection (1009).
+MAX_CLIENT_MESSAGE: Final = 4096
 
 _json = msgspec.json.Encoder()
 
@@ -121,234 +183,234 @@ def parse_address(address: str | bool) -> tuple[str, int]:
 #: text)`` for a read of output, ``("wire", source, records)`` for records of
 #: a log connection, ``("row", row)`` for one record built for handlers.
 _Entry = tuple[Any, ...]
-
-#: State messages a client may fall behind by before only the newest state
-#: of each process is kept for it.
-STATE_QUEUE: Final = 1000
-#: Batches of events sent to a client per second, at most.
-SEND_RATE: Final = 20
-#: Rows per ``logs`` message at most (a long backlog goes out in several).
-MESSAGE_ROWS: Final = 2000
+#: An entry as the monitor keeps it: with its count of rows and its size in bytes.
+_Held = tuple[_Entry, int, int]
 
 
-def _count(entry: _Entry) -> int:
-    """How many rows ``entry`` holds."""
+def _held(entry: _Entry) -> _Held:
     kind = entry[0]
     if kind == "lines":
-        return int(entry[5].count(b"\n")) + 1
+        text = entry[5]
+        return entry, text.count(b"\n") + 1, len(text) + 200
     if kind == "wire":
-        return len(entry[2])
-    return 1
+        records = entry[2]
+        size = sum(map(_record_size, records))
+        return entry, len(records), size + 300 * len(records) + 200
+    return entry, 1, len(entry[1][5]) + 400
 
 
-def _rows(entry: _Entry) -> list[list[Any]]:
-    """The rows of ``entry``: ``[source, stream, level, time, logger, message]``."""
-    kind = entry[0]
-    if kind == "lines":
-        _, name, stream, level, created, text = entry
-        return [
-            [name, stream, level, created, None, line]
-            for line in text.decode("utf-8", "replace").split("\n")
-        ]
-    if kind == "wire":
-        name, records = entry[1], entry[2]
-        return [
-            [name, "logging", rec.level, rec.created, rec.name or None, _wire_message(rec)]
-            for rec in records
-        ]
-    return [entry[1]]
+def _record_size(rec: Record) -> int:
+    return len(rec.msg) + len(rec.exc_text or "") + len(rec.stack_info or "")
 
 
-class _Client:
-    """One connected client: its filter and its bounded queue.
+#: About what a row costs in JSON beyond its text.
+_ROW_FRAMING: Final = 64
 
-    The log service pushes whole reads and batches of records (one cheap
-    check and an append each, on its worker thread); they are split into
-    rows only when the client is sent them, so a client that does not read
-    costs the runner next to nothing.  The queue holds at least
-    :data:`CLIENT_QUEUE` rows and at most that plus one read; beyond it, the
-    oldest go, and the count of what went is sent next.
+
+def _cut(text: str, keep: int = ROW_TEXT) -> str:
+    """``text``, or its beginning and its end if it is longer than ``keep`` characters."""
+    if len(text) <= keep:
+        return text
+    half = keep // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _encode_row(row: list[Any]) -> bytes:
+    """A row in JSON, at most :data:`ROW_BYTES` long."""
+    row[5] = _cut(row[5])
+    if row[4] is not None:
+        row[4] = _cut(row[4], ROW_NAME)
+    data = _json.encode(row)
+    if len(data) > ROW_BYTES:  # escaped control characters: keep fewer
+        row[0] = _cut(row[0], ROW_NAME)
+        row[5] = _cut(row[5], ROW_BYTES // 8)
+        data = _json.encode(row)
+    return data
+
+
+class _Filter:
+    """What some clients follow (a source glob and a level), and what of it went unread.
+
+    ``evicted`` counts the rows it matches among the entries the monitor let
+    go since the filter was made: a client that knows how many rows it
+    matched before its place in the queue can tell, once it finds that place
+    gone, how many it lost, without the monitor doing anything per client
+    when it lets an entry go.
     """
 
-    def __init__(self, loop: LoopHandle, source: str, level: int) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._states: list[tuple[str, bytes]] = []
-        self._entries: deque[tuple[_Entry, int, int]] = deque()
-        self._generation = 0  # of the filter: entries pushed under it are filtered
-        self._queued = 0
-        self._poked = False
-        self.dropped = 0
-        self._source = source
-        self._level = level
+    __slots__ = ("_matches", "evicted", "level", "pattern", "users")
+
+    def __init__(self, pattern: str, level: int) -> None:
+        self.pattern = pattern
+        self.level = level
+        self.users = 0
+        self.evicted = 0
         self._matches: dict[str, bool] = {}
-        self.wake = anyio.Event()
-        self.ended = False
 
-    @property
-    def source(self) -> str:
-        """The glob of the sources this client wants."""
-        return self._source
-
-    @property
-    def level(self) -> int:
-        """The lowest level this client wants."""
-        return self._level
-
-    def set_filter(self, source: str, level: int) -> None:
-        with self._lock:
-            self._source, self._level = source, level
-            self._matches = {}
-            self._generation += 1
-
-    def _wants_source(self, source: str) -> bool:
+    def source_ok(self, source: str) -> bool:
         wanted = self._matches.get(source)
         if wanted is None:
-            pattern = self._source
+            pattern = self.pattern
             wanted = pattern == "*" or fnmatch.fnmatchcase(source, pattern)
             if len(self._matches) < 4096:
                 self._matches[source] = wanted
         return wanted
 
-    def wants(self, row: list[Any]) -> bool:
-        return bool(row[2] >= self._level and self._wants_source(row[0]))
+    def row_ok(self, row: list[Any]) -> bool:
+        return bool(row[2] >= self.level and self.source_ok(row[0]))
 
-    def push(self, entry: _Entry) -> None:
-        """From any thread: queue an entry, dropping the oldest beyond the bound."""
+    def count(self, entry: _Entry, rows: int, end: int | None = None) -> int:
+        """How many of the rows of ``entry`` (of its first ``end`` rows) it matches."""
         kind = entry[0]
-        with self._lock:
-            if kind == "row":
-                if not self.wants(entry[1]):
-                    return
-                count = 1
-            else:
-                if not self._wants_source(entry[1]):
-                    return
-                if kind == "lines":
-                    if entry[3] < self._level:
-                        return
-                    count = _count(entry)
-                elif self._level > 0:
-                    count = sum(1 for rec in entry[2] if rec.level >= self._level)
-                    if not count:
-                        return
-                else:
-                    count = len(entry[2])
-            self._entries.append((entry, count, self._generation))
-            self._queued += count
-            while len(self._entries) > 1 and self._queued - self._entries[0][1] >= CLIENT_QUEUE:
-                _, gone, _ = self._entries.popleft()
-                self._queued -= gone
-                self.dropped += gone
-            poke, self._poked = not self._poked, True
-        if poke:
-            self._poke()
+        if end is not None and end <= 0:
+            return 0
+        if kind == "lines":
+            if entry[3] < self.level or not self.source_ok(entry[1]):
+                return 0
+            return rows if end is None else min(end, rows)
+        if kind == "wire":
+            if not self.source_ok(entry[1]):
+                return 0
+            records = entry[2] if end is None else entry[2][:end]
+            level = self.level
+            if level <= 0:
+                return len(records)
+            return sum(1 for rec in records if rec.level >= level)
+        return 1 if self.row_ok(entry[1]) else 0
 
-    def push_state(self, name: str, message: bytes) -> None:
-        with self._lock:
-            self._states.append((name, message))
-            if len(self._states) > STATE_QUEUE:
-                # A client this far behind gets the newest state of each process.
-                newest = dict(self._states)
-                self._states = list(newest.items())
-            poke, self._poked = not self._poked, True
-        if poke:
-            self._poke()
-
-    def _poke(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._wake)
-        except anyio.RunFinishedError:
-            pass
-
-    def _wake(self) -> None:
-        self.wake.set()
-
-    def take(self, limit: int = 0) -> tuple[list[bytes], bool]:
-        """What is waiting, as messages to send, and whether more is left.
-
-        Takes whole entries until they hold ``limit`` rows (all of them if
-        ``limit`` is 0).  Runs in a worker thread: it splits lines.  A client
-        that reads nothing is thus never made more than one batch for.
-        """
-        with self._lock:
-            states = [message for _, message in self._states]
-            self._states = []
-            entries: list[tuple[_Entry, int, int]] = []
-            taken = 0
-            while self._entries and (not limit or taken < limit):
-                queued = self._entries.popleft()
-                entries.append(queued)
-                taken += queued[1]
-            self._queued -= taken
-            more = bool(self._entries)
-            if not more:
-                self._poked = False
-            dropped, self.dropped = self.dropped, 0
-            generation, level = self._generation, self._level
-        rows: list[list[Any]] = []
-        for entry, _, pushed_under in entries:
-            if pushed_under != generation:  # the filter changed since: apply the new one
-                rows.extend(row for row in _rows(entry) if self.wants(row))
-            elif entry[0] == "wire" and level > 0:  # one level per record
-                rows.extend(row for row in _rows(entry) if row[2] >= level)
-            else:  # filtered whole when pushed
-                rows.extend(_rows(entry))
-        if len(rows) > CLIENT_QUEUE:  # one read of more lines than the queue holds
-            dropped += len(rows) - CLIENT_QUEUE
-            del rows[: len(rows) - CLIENT_QUEUE]
-        messages = []
-        if dropped:
-            messages.append(_json.encode({"type": "dropped", "count": dropped}))
-        messages.extend(states)
-        messages.extend(_logs_messages(rows))
-        return messages, more
+    def recent(self, entry: _Entry, rows: int, wanted: int, nbytes: int) -> tuple[int, int]:
+        """The newest rows of ``entry`` it matches, at most ``wanted`` of them and about
+        ``nbytes`` bytes: where they begin, and how many they are."""
+        kind = entry[0]
+        if kind == "lines":
+            if entry[3] < self.level or not self.source_ok(entry[1]):
+                return rows, 0
+            sizes: list[int] = [len(line) + _ROW_FRAMING for line in entry[5].split(b"\n")]
+        elif kind == "wire":
+            if not self.source_ok(entry[1]):
+                return rows, 0
+            sizes = [
+                _record_size(rec) + _ROW_FRAMING if rec.level >= self.level else -1
+                for rec in entry[2]
+            ]
+        else:
+            sizes = [len(entry[1][5]) + _ROW_FRAMING if self.row_ok(entry[1]) else -1]
+        start, count = rows, 0
+        for index in range(rows - 1, -1, -1):
+            size = sizes[index]
+            if size < 0:
+                continue  # not wanted
+            if count == wanted or size > nbytes:
+                break
+            start, count, nbytes = index, count + 1, nbytes - size
+        return start, count
 
 
-def _logs_messages(rows: list[list[Any]]) -> list[bytes]:
-    return [
-        _json.encode({"type": "logs", "records": rows[i : i + MESSAGE_ROWS]})
-        for i in range(0, len(rows), MESSAGE_ROWS)
-    ]
+class _Client:
+    """One connected client: what it follows and where it is in the monitor's queue.
+
+    Every client reads the one queue of the :class:`MonitorSink`; a client
+    costs it nothing per read of output, whether it reads or not.
+    """
+
+    def __init__(self, source: str, level: int) -> None:
+        self.wanted = (source, level)
+        self.filter = _Filter(source, level)
+        self.entry = 0  # the number of the entry it reads next...
+        self.offset = 0  # ... and how many of that entry's rows it has read
+        self.base = 0  # rows its filter matched before that place (see _Filter)
+        self.dropped = 0  # rows it lost, not told yet
+        self.state = 0  # the number of the state message it gets next
+        self.resync: list[bytes] = []  # the newest states, for one that fell far behind
+        self.busy = threading.Lock()  # a take or a filter change at a time
+
+    @property
+    def source(self) -> str:
+        """The glob of the sources this client wants."""
+        return self.filter.pattern
+
+    @property
+    def level(self) -> int:
+        """The lowest level this client wants."""
+        return self.filter.level
+
+
+def _logs_message(rows: list[bytes]) -> bytes:
+    return b'{"type":"logs","records":[' + b",".join(rows) + b"]}"
 
 
 class MonitorSink(_BlockSink):
     """A destination of the runner's log service that feeds the monitor's clients.
 
-    Each entry is kept among the recent ones (for clients yet to come) and
-    pushed to the clients there are, under one lock: a client that attaches
-    gets the recent entries from before it came and every entry after, with
-    neither a gap nor a repeat at the join.
+    It keeps one queue of entries (reads of output, batches of records) for
+    every client: the newest :data:`QUEUE_RECORDS` records, at most
+    :data:`QUEUE_BYTES` bytes (:data:`RECENT_RECORDS` and
+    :data:`RECENT_BYTES` while no client is connected).  Each client has a
+    place in it; one that falls behind the queue's start loses what went
+    and is told how much.  Adding an entry costs the same however many
+    clients there are, and however slow.
     """
 
     def __init__(self, monitor: Monitor) -> None:
         super().__init__(logging.NOTSET)
         self._monitor = monitor
         monitor.sink = self
-        self._recent: deque[_Entry] = deque(maxlen=RECENT_READS)
         self._lock = threading.Lock()
+        self._held: deque[_Held] = deque()
+        self._first = 0  # the number of the oldest entry held
+        self._rows = 0
+        self._bytes = 0
+        self._filters: dict[tuple[str, int], _Filter] = {}
         self._clients: list[_Client] = []
+        self._states: deque[bytes] = deque()
+        self._states_first = 0  # the number of the oldest state message held
+        self._newest: dict[str, bytes] = {}  # each process's newest state message
+        self._in_flight = 0  # bytes of the messages being sent
+        self._loop: LoopHandle | None = None
+        self._waiting = False  # a client waits for an entry
+        self._data: anyio.Event | None = None
+        self._ended = False
 
     @property
     def clients(self) -> list[_Client]:
         """The connected clients (a list that is replaced, never changed: safe to iterate)."""
         return self._clients
 
-    def attach(self, client: _Client) -> list[_Entry]:
-        """Add ``client``; return the recent entries, which it is not pushed."""
-        with self._lock:
-            self._clients = [*self._clients, client]
-            return list(self._recent)
+    @property
+    def held(self) -> tuple[int, int]:
+        """The records and bytes of output held for clients now."""
+        return self._rows, self._bytes
 
-    def detach(self, client: _Client) -> None:
-        with self._lock:
-            self._clients = [c for c in self._clients if c is not client]
+    def start(self, loop: LoopHandle) -> None:
+        """The monitor serves (on the loop): clients may come."""
+        self._loop = loop
+        self._data = anyio.Event()
+
+    # -- the log service's side (its worker thread) ------------------------------------------
 
     def _add(self, entry: _Entry) -> None:
+        held = _held(entry)
         with self._lock:
-            self._recent.append(entry)
-            for client in self._clients:
-                client.push(entry)
+            self._held.append(held)
+            self._rows += held[1]
+            self._bytes += held[2]
+            if self._clients:
+                self._trim(QUEUE_RECORDS, QUEUE_BYTES)
+            else:
+                self._trim(RECENT_RECORDS, RECENT_BYTES)
+            poke, self._waiting = self._waiting, False
+        if poke:
+            self._poke()
+
+    def _trim(self, records: int, nbytes: int) -> None:
+        held = self._held
+        while len(held) > 1 and (self._rows - held[0][1] >= records or self._bytes > nbytes):
+            entry, rows, size = held.popleft()
+            self._first += 1
+            self._rows -= rows
+            self._bytes -= size
+            for wanted in self._filters.values():
+                wanted.evicted += wanted.count(entry, rows)
 
     def write_lines(
         self, source: Source, stream: str, level: int, created: float, text: bytes
@@ -368,15 +430,272 @@ class MonitorSink(_BlockSink):
             )
         )
 
+    # -- the loop's side ----------------------------------------------------------------------
 
-def _recent_rows(entries: list[_Entry], client: _Client) -> list[list[Any]]:
-    """The last :data:`RECENT_RECORDS` rows of ``entries`` that ``client`` wants."""
-    rows: list[list[Any]] = []
-    for entry in reversed(entries):
-        rows[:0] = [row for row in _rows(entry) if client.wants(row)]
-        if len(rows) >= RECENT_RECORDS:
-            break
-    return rows[-RECENT_RECORDS:]
+    def _poke(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._fire)
+        except anyio.RunFinishedError:
+            pass
+
+    def _fire(self) -> None:
+        """Wake every waiting client (on the loop)."""
+        event, self._data = self._data, anyio.Event()
+        if event is not None:
+            event.set()
+
+    def push_state(self, name: str, message: bytes) -> None:
+        """A process changed state (on the loop)."""
+        with self._lock:
+            self._states.append(message)
+            self._newest[name] = message
+            if len(self._states) > STATE_QUEUE:
+                self._states.popleft()
+                self._states_first += 1
+            poke, self._waiting = self._waiting, False
+        if poke:
+            self._fire()
+
+    def end(self) -> None:
+        """The runner has ended (on the loop): every client is woken to say so."""
+        self._ended = True
+        self._fire()
+
+    async def wait(self, client: _Client) -> None:
+        """Wait until there is something for ``client``, or the runner has ended."""
+        with self._lock:
+            if self._ended or self._has_more(client):
+                return
+            self._waiting = True
+            event = self._data
+        assert event is not None
+        await event.wait()
+
+    def _has_more(self, client: _Client) -> bool:
+        return (
+            client.entry < self._first + len(self._held)
+            or client.state < self._states_first + len(self._states)
+            or bool(client.resync)
+        )
+
+    # -- a client's own (in a worker thread) -------------------------------------------------
+
+    def _use_filter(self, client: _Client, source: str, level: int) -> None:
+        wanted = self._filters.get((source, level))
+        if wanted is None:
+            wanted = self._filters[(source, level)] = _Filter(source, level)
+        wanted.users += 1
+        client.filter = wanted
+
+    def _drop_filter(self, client: _Client) -> None:
+        wanted = client.filter
+        wanted.users -= 1
+        if not wanted.users:
+            self._filters.pop((wanted.pattern, wanted.level), None)
+
+    def _matched_from(self, client: _Client, entry: int, offset: int) -> int:
+        """Rows ``client``'s filter matches from the ``offset``-th row of entry ``entry`` on."""
+        wanted = client.filter
+        held = list(self._held)[entry - self._first :]
+        total = sum(wanted.count(e, rows) for e, rows, _ in held)
+        if held and offset:
+            e, rows, _ = held[0]
+            total -= wanted.count(e, rows, offset)
+        return total
+
+    def attach(self, client: _Client) -> None:
+        """Add ``client``: it starts with the last :data:`RECENT_RECORDS` rows it wants."""
+        source, level = client.wanted
+        with self._lock:
+            self._use_filter(client, source, level)
+            wanted = client.filter
+            held = list(self._held)
+            counts = [wanted.count(e, rows) for e, rows, _ in held]
+            # The newest rows it wants, as many as fit in a first message.
+            entry, offset = self._first + len(held), 0
+            missing, nbytes, taken = RECENT_RECORDS, RECENT_MESSAGE, 0
+            for index in range(len(held) - 1, -1, -1):
+                count = counts[index]
+                if not count:
+                    continue
+                e, rows, size = held[index]
+                if count <= missing and size + _ROW_FRAMING * rows <= nbytes:
+                    entry, offset = self._first + index, 0
+                    missing, taken = missing - count, taken + count
+                    nbytes -= size + _ROW_FRAMING * rows
+                    continue
+                start, count = wanted.recent(e, rows, missing, nbytes)
+                if count:
+                    entry, offset, taken = self._first + index, start, taken + count
+                break
+            client.entry, client.offset = entry, offset
+            client.base = wanted.evicted + sum(counts) - taken
+            self._clients = [*self._clients, client]
+
+    def join(self, client: _Client) -> tuple[list[bytes], int, bool]:
+        """:meth:`attach` ``client``, and :meth:`take` its first messages (the recent
+        records all in one, whatever the budget)."""
+        self.attach(client)
+        return self.take(client, RECENT_MESSAGE + ROW_BYTES)
+
+    def state_position(self) -> int:
+        """The number of the next state message (a client that joins gets it and those after)."""
+        with self._lock:
+            return self._states_first + len(self._states)
+
+    def detach(self, client: _Client) -> None:
+        with self._lock:
+            if client not in self._clients:
+                return
+            self._clients = [c for c in self._clients if c is not client]
+            self._drop_filter(client)
+            if not self._clients:
+                self._trim(RECENT_RECORDS, RECENT_BYTES)
+
+    def set_filter(self, client: _Client, source: str, level: int) -> None:
+        """``client`` now wants other rows: from where it is on."""
+        with client.busy, self._lock:
+            self._catch_up(client)
+            self._drop_filter(client)
+            self._use_filter(client, source, level)
+            wanted = client.filter
+            client.base = wanted.evicted
+            client.base += sum(wanted.count(e, rows) for e, rows, _ in self._held)
+            client.base -= self._matched_from(client, client.entry, client.offset)
+
+    def _catch_up(self, client: _Client) -> None:
+        """If ``client``'s place in the queue is gone, count what it lost: on from the start."""
+        if client.entry < self._first:
+            client.dropped += client.filter.evicted - client.base
+            client.entry, client.offset = self._first, 0
+            client.base = client.filter.evicted
+
+    def sent(self, size: int) -> None:
+        """Messages of ``size`` bytes that :meth:`take` made were sent (or given up)."""
+        with self._lock:
+            self._in_flight -= size
+
+    def take(self, client: _Client, least: int = MIN_MESSAGE) -> tuple[list[bytes], int, bool]:
+        """The next messages for ``client``, their size, and whether more is waiting.
+
+        At most one ``logs`` message, of at most :data:`MESSAGE_ROWS` rows
+        and as many bytes as the budget allows (:data:`MESSAGE_BYTES`, less
+        when many clients are being sent messages).  Rows are made here, off
+        the loop, from where the client is in the queue; :meth:`sent`
+        must be called with the size once the messages are sent.  The
+        message may be ``least`` bytes whatever the budget.
+        """
+        with client.busy:
+            messages: list[bytes] = []
+            with self._lock:
+                self._catch_up(client)
+                limit = max(least, min(MESSAGE_BYTES, SEND_BUDGET - self._in_flight))
+                if client.state < self._states_first:
+                    # Far behind: the newest state of each process instead.
+                    client.resync = list(self._newest.values())
+                    client.state = self._states_first + len(self._states)
+                states: list[bytes] = []
+                size = 0
+                while size < limit and client.resync:
+                    states.append(client.resync.pop())
+                    size += len(states[-1])
+                while size < limit and client.state < self._states_first + len(self._states):
+                    states.append(self._states[client.state - self._states_first])
+                    client.state += 1
+                    size += len(states[-1])
+                # The entries to make rows of: enough to fill one message.
+                entries: list[_Held] = []
+                rows = -client.offset
+                nbytes = 0
+                index = client.entry - self._first
+                while index < len(self._held) and rows < MESSAGE_ROWS and nbytes < limit - size:
+                    entries.append(self._held[index])
+                    rows += entries[-1][1]
+                    nbytes += entries[-1][2]
+                    index += 1
+                dropped, client.dropped = client.dropped, 0
+                entry, offset, wanted = client.entry, client.offset, client.filter
+            if dropped:
+                messages.append(_json.encode({"type": "dropped", "count": dropped}))
+            messages.extend(states)
+            made, entry, offset = _make_rows(entries, entry, offset, wanted, limit - size)
+            if made:
+                messages.append(_logs_message(made))
+            size = sum(map(len, messages))
+            with self._lock:
+                client.entry, client.offset = entry, offset
+                client.base += len(made)
+                self._in_flight += size
+                return messages, size, self._has_more(client)
+
+
+def _make_rows(
+    entries: list[_Held], entry: int, offset: int, wanted: _Filter, limit: int
+) -> tuple[list[bytes], int, int]:
+    """Rows in JSON from ``entries`` (the first from its ``offset``-th row) that ``wanted``
+    matches, up to :data:`MESSAGE_ROWS` of them and ``limit`` bytes (one at least).
+
+    Returns them and the place after the last row looked at.
+    """
+    made: list[bytes] = []
+    nbytes = 0
+
+    def room(data: bytes) -> bool:
+        return not made or (len(made) < MESSAGE_ROWS and nbytes + len(data) <= limit)
+
+    for held, rows, _ in entries:
+        kind = held[0]
+        if kind == "lines":
+            _, name, stream, level, created, text = held
+            if level >= wanted.level and wanted.source_ok(name):
+                lines = text.split(b"\n")
+                for index in range(offset, rows):
+                    data = _encode_row(
+                        [
+                            name,
+                            stream,
+                            level,
+                            created,
+                            None,
+                            lines[index].decode("utf-8", "replace"),
+                        ]
+                    )
+                    if not room(data):
+                        return made, entry, index
+                    made.append(data)
+                    nbytes += len(data)
+        elif kind == "wire":
+            name, records = held[1], held[2]
+            if wanted.source_ok(name):
+                for index in range(offset, rows):
+                    rec = records[index]
+                    if rec.level < wanted.level:
+                        continue
+                    data = _encode_row(
+                        [
+                            name,
+                            "logging",
+                            rec.level,
+                            rec.created,
+                            rec.name or None,
+                            _wire_message(rec),
+                        ]
+                    )
+                    if not room(data):
+                        return made, entry, index
+                    made.append(data)
+                    nbytes += len(data)
+        elif offset == 0 and wanted.row_ok(held[1]):
+            data = _encode_row(list(held[1]))
+            if not room(data):
+                return made, entry, 0
+            made.append(data)
+            nbytes += len(data)
+        entry, offset = entry + 1, 0
+    return made, entry, offset
 
 
 def _process_info(proc: Process, state: str) -> dict[str, Any]:
@@ -395,6 +714,16 @@ def _process_info(proc: Process, state: str) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _Joined:
+    """A client that has joined, and the first messages for it (see :meth:`MonitorSink.take`)."""
+
+    client: _Client
+    messages: list[bytes]
+    size: int
+    more: bool
+
+
 class Monitor:
     """The monitor of one runner (see the module's docs)."""
 
@@ -411,6 +740,10 @@ class Monitor:
         self._idle.set()
         self.sink: MonitorSink
         self._page: bytes | None = None
+        #: Connections whose request is not checked yet, oldest first: how to close each.
+        self._handshakes: dict[object, Callable[[], None]] = {}
+        self._joining = 0  # clients accepted, not attached yet
+        self._limiter: anyio.CapacityLimiter | None = None
 
     # -- what the runner tells it ---------------------------------------------------------
 
@@ -430,9 +763,7 @@ class Monitor:
         """A process changed state (on the loop)."""
         info = _process_info(proc, state)
         self._processes[proc.name] = info
-        message = _json.encode({"type": "process", **info})
-        for client in self.clients():
-            client.push_state(proc.name, message)
+        self.sink.push_state(proc.name, _json.encode({"type": "process", **info}))
 
     def clients(self) -> list[_Client]:
         return self.sink.clients
@@ -440,6 +771,7 @@ class Monitor:
     def end(self) -> None:
         """The runner has ended: tell every client, then close."""
         self._ended.set()
+        self.sink.end()
 
     # -- serving ----------------------------------------------------------------------------
 
@@ -503,39 +835,73 @@ class Monitor:
             return False
         return True
 
+    def _full(self) -> bool:
+        """Whether :data:`MAX_CLIENTS` clients are connected (or joining)."""
+        return len(self.sink.clients) + self._joining >= MAX_CLIENTS
+
+    def _handshake_begins(self, key: object, close: Callable[[], None]) -> None:
+        """A connection whose request is not checked yet; the oldest goes beyond the bound."""
+        self._handshakes[key] = close
+        while len(self._handshakes) > MAX_HANDSHAKES:
+            oldest = next(iter(self._handshakes))
+            self._handshakes.pop(oldest)()
+
+    def _handshake_ends(self, key: object) -> None:
+        self._handshakes.pop(key, None)
+
     async def serve(self, loop: LoopHandle) -> None:
         """Serve until the runner ends (a task of the runner)."""
         self._loop = loop
+        self._limiter = anyio.CapacityLimiter(TAKE_THREADS)
+        self.sink.start(loop)
         if loop.backend == "trio":
             await self._serve_trio()
         else:
             await self._serve_asyncio()
 
-    def _attach(self, source: str, level: int) -> tuple[_Client, list[_Entry]]:
-        """A new client, and the recent entries from before it came (on the loop)."""
-        assert self._loop is not None
-        client = _Client(self._loop, source, level)
+    async def _join(self, source: str, level: int) -> _Joined:
+        """A new client, attached, and its first messages: the snapshot, the recent records.
+
+        They are ready before the client is accepted, so that they are the
+        first it gets, before even the answer to a ping.
+        """
+        sink = self.sink
+        client = _Client(source, level)
         if self._idle.is_set():
             self._idle = anyio.Event()
-        return client, self.sink.attach(client)
+        client.state = sink.state_position()
+        snapshot = self._snapshot()
+        self._joining += 1
+        try:
+            messages, size, more = await anyio.to_thread.run_sync(
+                sink.join, client, limiter=self._limiter
+            )
+        except BaseException:
+            self._leave(client)
+            raise
+        finally:
+            self._joining -= 1
+        return _Joined(client, [snapshot, *messages], size, more)
 
-    def _detach(self, client: _Client) -> None:
+    def _leave(self, client: _Client) -> None:
         self.sink.detach(client)
         if not self.sink.clients:
             self._idle.set()
 
     async def _talk(
         self,
-        client: _Client,
-        recent: list[_Entry],
+        joined: _Joined,
         send: Callable[[bytes], Awaitable[None]],
         receive: Callable[[], Any],
         closed: type[BaseException],
     ) -> None:
         """The life of one WebSocket client: snapshot, then events; filters from it.
 
-        Returns when the runner has ended (after saying so) or the client is gone.
+        Returns when the runner has ended (after saying so) or the client is
+        gone, having detached the client.
         """
+        sink = self.sink
+        client = joined.client
 
         async def listen() -> None:
             try:
@@ -547,49 +913,52 @@ class Monitor:
                         continue
                     if isinstance(request, dict) and request.get("type") == "filter":
                         level = request.get("level", 0)
-                        client.set_filter(
+                        await anyio.to_thread.run_sync(
+                            sink.set_filter,
+                            client,
                             str(request.get("source") or "*"),
                             level if isinstance(level, int) else _level_number(str(level)),
+                            limiter=self._limiter,
                         )
             except closed:
                 pass
             tg.cancel_scope.cancel()  # the client is gone
 
-        async def ended() -> None:
-            await self._ended.wait()
-            client.ended = True
-            client.wake.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(listen)
-            tg.start_soon(ended)
-            try:
-                await send(self._snapshot())
-                backlog = await anyio.to_thread.run_sync(_recent_rows, recent, client)
-                del recent
-                for message in _logs_messages(backlog):
-                    await send(message)
-                while True:
-                    await client.wake.wait()
-                    client.wake = anyio.Event()
-                    more = True
-                    while more:
-                        last = client.ended
-                        # Lines are split and encoded off the loop, one message's
-                        # worth at a time.
-                        messages, more = await anyio.to_thread.run_sync(client.take, MESSAGE_ROWS)
-                        for message in messages:
-                            await send(message)
-                    if last:
-                        await send(b'{"type":"end"}')
-                        break
-                    # At most SEND_RATE batches a second: during a flood, few
-                    # large messages cost both sides far less than many small.
-                    with anyio.move_on_after(1 / SEND_RATE):
-                        await self._ended.wait()
-            except closed:
-                pass
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listen)
+                messages, size, more = joined.messages, joined.size, joined.more
+                del joined
+                last = False
+                try:
+                    while True:
+                        try:
+                            for message in messages:
+                                await send(message)
+                        finally:
+                            sink.sent(size)
+                        messages = []
+                        if not more:
+                            if last:
+                                await send(b'{"type":"end"}')
+                                break
+                            # At most SEND_RATE batches a second: during a flood,
+                            # few large messages cost both sides far less than many.
+                            with anyio.move_on_after(1 / SEND_RATE):
+                                await self._ended.wait()
+                            await sink.wait(client)
+                            last = self._ended.is_set()
+                        # Rows are made and encoded off the loop, one message's worth
+                        # at a time: a client that reads nothing is made one message,
+                        # not one for everything that follows.
+                        messages, size, more = await anyio.to_thread.run_sync(
+                            sink.take, client, limiter=self._limiter
+                        )
+                except closed:
+                    pass
+                tg.cancel_scope.cancel()
+        finally:
+            self._leave(client)
 
     # -- asyncio: the websockets package ---------------------------------------------------------
 
@@ -599,17 +968,52 @@ class Monitor:
         from websockets.exceptions import ConnectionClosed
         from websockets.http11 import Request, Response
 
-        def process_request(connection: ServerConnection, request: Request) -> Response | None:
+        monitor = self
+
+        class Connection(ServerConnection):
+            """Bounds what a connection may send before its request is checked."""
+
+            received = 0
+            joined: _Joined | None = None  # accepted, not served yet
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                monitor._handshake_begins(self, transport.abort)  # type: ignore[attr-defined]
+
+            def data_received(self, data: bytes) -> None:
+                if self.request is None:
+                    self.received += len(data)
+                    if self.received > MAX_REQUEST:
+                        monitor._handshake_ends(self)
+                        self.transport.abort()
+                        return
+                super().data_received(data)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                monitor._handshake_ends(self)
+                joined, self.joined = self.joined, None
+                if joined is not None:  # gone before it was served
+                    monitor._leave(joined.client)
+                super().connection_lost(exc)
+
+        async def process_request(
+            connection: ServerConnection, request: Request
+        ) -> Response | None:
+            self._handshake_ends(connection)
             headers = request.headers
-            allowed, _, _ = self.check(request.path, headers.get("Origin"))
+            allowed, source, level = self.check(request.path, headers.get("Origin"))
             if not allowed:
                 return _response(403, b"forbidden\n", "text/plain")
             if request.headers.get("Upgrade", "").lower() != "websocket":
                 return _response(200, self.page(), "text/html; charset=utf-8")
+            if self._full():
+                return _response(503, b"too many clients\n", "text/plain")
+            assert isinstance(connection, Connection)
+            connection.joined = await self._join(source, level)
             return None
 
         def _response(status: int, body: bytes, kind: str) -> Response:
-            reason = {200: "OK", 403: "Forbidden"}[status]
+            reason = {200: "OK", 403: "Forbidden", 503: "Service Unavailable"}[status]
             headers = Headers(
                 [
                     ("Content-Type", kind),
@@ -621,29 +1025,30 @@ class Monitor:
             return Response(status, reason, headers, body)
 
         async def handler(connection: ServerConnection) -> None:
-            request = connection.request
-            assert request is not None
+            assert isinstance(connection, Connection)
+            joined, connection.joined = connection.joined, None
+            assert joined is not None
             _bound_send_buffer(connection.transport.get_extra_info("socket"))
-            _, source, level = self.check(request.path, None)
-            client, recent = self._attach(source, level)
 
             async def send(message: bytes) -> None:
                 await connection.send(message, text=True)  # UTF-8 already
 
-            try:
-                await self._talk(client, recent, send, connection.recv, ConnectionClosed)
-            finally:
-                self._detach(client)
+            await self._talk(joined, send, connection.recv, ConnectionClosed)
 
         server = await serve(
             handler,
             self.host or None,
             self.port,
+            create_connection=Connection,
             process_request=process_request,
             compression=None,
             server_header=None,
             close_timeout=1,
-            open_timeout=5,
+            open_timeout=HANDSHAKE_TIMEOUT,
+            max_size=MAX_CLIENT_MESSAGE,
+            max_queue=4,
+            # Its own buffer, beyond the message being sent: the kernel's is the buffer.
+            write_limit=WRITE_LIMIT,
         )
         try:
             sockets = list(server.sockets)
@@ -690,34 +1095,45 @@ class Monitor:
                 with trio.CancelScope(shield=True):
                     await stream.aclose()
 
+        async def read_request(stream: Any, conn: Any, received: bytearray) -> Any:
+            """The request, read within the bounds; ``None`` if it broke them."""
+            key = object()
+            with trio.move_on_after(HANDSHAKE_TIMEOUT) as scope:
+                self._handshake_begins(key, scope.cancel)
+                try:
+                    while True:
+                        event = conn.next_event()
+                        if event is h11.NEED_DATA:
+                            data = await stream.receive_some(4096)
+                            received += data
+                            if not data or len(received) > MAX_REQUEST:
+                                return None
+                            conn.receive_data(data)
+                        elif isinstance(event, h11.Request):
+                            return event
+                        else:
+                            return None
+                finally:
+                    self._handshake_ends(key)
+            return None
+
         async def talk(stream: Any) -> None:
-            conn = h11.Connection(h11.SERVER)
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST)
             received = bytearray()
-            request = None
-            with trio.move_on_after(10):
-                while request is None:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            return
-                        received += data
-                        conn.receive_data(data)
-                    elif isinstance(event, h11.Request):
-                        request = event
-                    else:
-                        return
+            request = await read_request(stream, conn, received)
             if request is None:
                 return
             headers = {k.decode().lower(): v.decode() for k, v in request.headers}
             target = request.target.decode()
             allowed, source, level = self.check(target, headers.get("origin"))
             websocket = headers.get("upgrade", "").lower() == "websocket"
-            if not allowed or not websocket:
+            if not allowed or not websocket or self._full():
                 status, body, kind = (
-                    (200, self.page(), "text/html; charset=utf-8")
-                    if allowed
-                    else (403, b"forbidden\n", "text/plain")
+                    (403, b"forbidden\n", "text/plain")
+                    if not allowed
+                    else (200, self.page(), "text/html; charset=utf-8")
+                    if not websocket
+                    else (503, b"too many clients\n", "text/plain")
                 )
                 response = h11.Response(
                     status_code=status,
@@ -734,23 +1150,26 @@ class Monitor:
                 await stream.send_all(reply)
                 await stream.aclose()
                 return
-            _bound_send_buffer(stream.socket)
-            replay = _replay_stream(trio, stream, bytes(received))
-            ws_request = await trio_websocket.wrap_server_stream(nursery, replay)
-            ws = await ws_request.accept()
-            client, recent = self._attach(source, level)
-
-            async def send(message: bytes) -> None:
-                await ws.send_message(message.decode())
-
+            joined = await self._join(source, level)
             try:
-                await self._talk(
-                    client, recent, send, ws.get_message, trio_websocket.ConnectionClosed
+                _bound_send_buffer(stream.socket)
+                replay = _replay_stream(trio, stream, bytes(received))
+                del received
+                ws_request = await trio_websocket.wrap_server_stream(
+                    nursery, replay, message_queue_size=1, max_message_size=MAX_CLIENT_MESSAGE
                 )
+                ws = await ws_request.accept()
+
+                async def send(message: bytes) -> None:
+                    await ws.send_message(message.decode())
+
+                try:
+                    await self._talk(joined, send, ws.get_message, trio_websocket.ConnectionClosed)
+                finally:
+                    with trio.move_on_after(2):
+                        await ws.aclose()
             finally:
-                self._detach(client)
-                with trio.move_on_after(2):
-                    await ws.aclose()
+                self._leave(joined.client)
 
         async with trio.open_nursery() as nursery:
             listeners = await trio.open_tcp_listeners(self.port, host=self.host or None)
@@ -763,10 +1182,15 @@ class Monitor:
             nursery.cancel_scope.cancel()
 
 
+#: What websockets' asyncio server buffers for a connection beyond the message
+#: being sent (its high-water mark): the kernel's buffer is the one that counts.
+WRITE_LIMIT: Final = 4096
+
 #: The kernel send buffer of a monitor connection.  Left to the kernel, it
 #: grows to megabytes for a client that does not read, and the runner would
-#: prepare all of that for it; this much is a few thousand records.
-SEND_BUFFER: Final = 256 * 1024
+#: prepare all of that for it; this much is a few hundred records, and
+#: still megabytes a second over a link of a few milliseconds.
+SEND_BUFFER: Final = 64 * 1024
 
 
 def _bound_send_buffer(sock: socket.socket | None) -> None:

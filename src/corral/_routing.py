@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import IO, Final, TextIO
 
 from ._records import make_record
-from ._sources import BACKLOG_RECORDS, Block, Source, line_block, record_block
+from ._sources import BACKLOG_RECORDS, Backlogs, Source, line_block, record_block, wire_block
 from ._wire import FrameDecoder, Hello, Record, WireError
 
 __all__ = [
@@ -60,6 +60,10 @@ __all__ = [
 
 #: A "line" longer than this is cut and delivered in pieces.
 MAX_LINE: Final = 1024 * 1024
+#: The unfinished lines of all streams together are at most this long: beyond,
+#: the one that grows is delivered as a piece (if it is :data:`MIN_PIECE` or more).
+MAX_PENDING: Final = 8 * 1024 * 1024
+MIN_PIECE: Final = 64 * 1024
 #: The worker lets go of the GIL at least this often (seconds) during a batch.
 _GIL_SLICE: Final = 0.001
 #: Files, handlers and tails get a progress bar's state at most this often.
@@ -179,14 +183,16 @@ class Router:
         *,
         propagate: bool = False,
         warn: Callable[[str], None] | None = None,
+        backlogs: Backlogs | None = None,
     ) -> None:
         self._runner_name = runner_name
         self._routes = [(route, _route_level(route)) for route in routes]
         self._propagate = propagate
         self._cache: dict[tuple[Source, int], _Targets] = {}
-        self._runner_source = Source(runner_name, "")
+        self._runner_source = Source(runner_name, "", backlogs)
         self._warn_hook = warn
         self._broken: set[int] = set()
+        self._pending = 0  # bytes of the unfinished lines of every stream
         #: Chunks handled so far (read by the collector's stall watchdog).
         self.chunks_done = 0
 
@@ -288,6 +294,16 @@ class Router:
 
     def _lines(self, chunk: Chunk, deliveries: list[Delivery], touched: set[_BlockSink]) -> None:
         state = chunk.state
+        self._pending -= len(state.pending)
+        try:
+            self._split_lines(chunk, deliveries, touched)
+        finally:
+            self._pending += len(state.pending)
+
+    def _split_lines(
+        self, chunk: Chunk, deliveries: list[Delivery], touched: set[_BlockSink]
+    ) -> None:
+        state = chunk.state
         data = state.pending + chunk.data if state.pending else chunk.data
         if chunk.final:
             if data.endswith(b"\n"):
@@ -302,7 +318,15 @@ class Router:
             else:
                 complete = data[:cut]
                 state.pending = data[cut + 1 :]
-            if len(state.pending) > MAX_LINE and b"\r" not in state.pending:
+                if len(complete) > MAX_LINE and b"\r" not in complete[:MAX_LINE]:
+                    # Its first line (the unfinished one, ended now) may be longer.
+                    end = complete.find(b"\n")
+                    if end < 0 or end > MAX_LINE:
+                        complete = complete[:MAX_LINE] + b"\n" + complete[MAX_LINE:]
+            size = len(state.pending)
+            if (
+                size > MAX_LINE or (size >= MIN_PIECE and self._pending + size > MAX_PENDING)
+            ) and b"\r" not in state.pending:
                 piece, state.pending = state.pending[:MAX_LINE], state.pending[MAX_LINE:]
                 complete = piece if complete is None else complete + b"\n" + piece
         if complete is not None:
@@ -494,7 +518,7 @@ class Router:
         else:
             for rec, targets in wanted:
                 self._hand_to_handlers(targets, [make(rec)])
-        source.remember(first, Block(wire, make, sum(len(rec.msg) for rec in wire)))
+        source.remember(first, wire_block(wire, make))
 
     def _records(
         self,

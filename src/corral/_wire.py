@@ -361,8 +361,9 @@ class FrameDecoder:
         return msg
 
 
-#: The largest hello a reader accepts (a hello carries a secret and a source name).
-MAX_HELLO: Final = 16 * 1024
+#: The largest hello a reader accepts (a hello carries a secret and a source
+#: name of at most 1,024 characters): all a peer may send before its secret is checked.
+MAX_HELLO: Final = 8 * 1024
 
 
 def decode_hello(payload: bytes | bytearray | memoryview) -> Hello:
