@@ -30,14 +30,31 @@ DOCS = ROOT / "docs"
 _BARE_TASK_NAMES = {"create_task", "ensure_future"}
 _ADVICE = "start it in a task group owned by the runner (tg.start_soon) or use anyio.to_thread"
 
+#: The exceptions, by the qualified name of the function they are in, each with its reason.
+#: Keep this short: each entry is a place where a reader must convince themselves by hand.
+_EXEMPT = {
+    "HostHold.__init__": (
+        "a Trio guest run's one task on its asyncio host: asyncio.run's final cancel-all "
+        "sees only asyncio tasks, so only a task can hold the host loop open until the "
+        "guest's children are stopped; it catches its cancellation and raises nothing else"
+    ),
+}
+
 
 def violations(source: str, filename: str = "<src>") -> Iterator[str]:
     """Every bare task, new thread or daemon flag in ``source``, as ``file:line: what``.
 
     Mentioning ``threading.Thread`` (in a type annotation, say) is fine; calling
-    or subclassing it is not.
+    or subclassing it is not.  What is inside a function named in :data:`_EXEMPT`
+    is not reported.
     """
     tree = ast.parse(source, filename)
+    exempt = {
+        id(inner)
+        for function in _functions(tree)
+        if function[0] in _EXEMPT
+        for inner in ast.walk(function[1])
+    }
     thread_aliases = {
         alias.asname or alias.name
         for node in ast.walk(tree)
@@ -57,6 +74,8 @@ def violations(source: str, filename: str = "<src>") -> Iterator[str]:
         )
 
     for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
         where = f"{filename}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
@@ -81,6 +100,27 @@ def violations(source: str, filename: str = "<src>") -> Iterator[str]:
             for target in targets:
                 if isinstance(target, ast.Attribute) and target.attr == "daemon":
                     yield f"{where}: sets .daemon"
+
+
+def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
+    """Every function and method in ``tree`` with its qualified name (``Class.method``)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name = f"{prefix}{node.name}"
+            if not isinstance(node, ast.ClassDef):
+                yield name, node
+            yield from _functions(node, f"{name}.")
+
+
+def test_every_exemption_is_still_needed() -> None:
+    """An exemption whose function no longer exists, or no longer needs it, goes."""
+    needed = set()
+    for path in src_files():
+        tree = ast.parse(path.read_text())
+        for name, function in _functions(tree):
+            if name in _EXEMPT and list(violations(ast.unparse(function))):
+                needed.add(name)
+    assert needed == set(_EXEMPT), f"exemptions no longer needed: {set(_EXEMPT) - needed}"
 
 
 def _is_false(node: ast.expr) -> bool:

@@ -20,7 +20,6 @@ Each error is one line on stderr, never a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import logging
@@ -84,6 +83,8 @@ EXIT_PIPE = 141
 
 #: What a write raises once the reader of a pipe or socket has gone.
 _READER_GONE = (BrokenPipeError, ConnectionResetError)
+#: What a pipe or socket reports once its reader has gone.
+_HANG_UP = select.POLLERR | select.POLLHUP
 
 
 def _say(message: str) -> None:
@@ -135,7 +136,7 @@ class _Stdout:
     Python ignores SIGPIPE and raises :class:`BrokenPipeError` instead, here
     on the log router's thread, where it would stop nothing.  This wrapper
     does what SIGPIPE would, in order: once the reader is gone (a write
-    failed, or :meth:`watched` saw it go) it drops every later write (no
+    failed, or :meth:`watch` saw it go) it drops every later write (no
     error, no work), points the descriptor at /dev/null, and calls the
     :meth:`when_gone` callback once, which stops the run; the command then
     exits with :data:`EXIT_PIPE`.  Any other error writing to stdout (a full
@@ -193,46 +194,30 @@ class _Stdout:
         if callback is not None:
             callback()
 
-    @contextlib.contextmanager
-    def watched(self) -> Iterator[None]:
-        """Notice the reader going even while nothing is written: a thread waits for it.
+    async def watch(self) -> None:
+        """Notice the reader going even while nothing is written; run it in a task group.
 
-        Only a pipe or a socket is watched (a reader that goes makes it report
-        an error or a hang-up); a file never closes under the command, and a
-        terminal that goes away sends SIGHUP.
+        Only a pipe or a socket is watched: when its reader goes, the kernel
+        reports an error or a hang-up on it, whatever events were asked for,
+        and the loop wakes whoever waits for it to be readable.  A file never
+        closes under the command, and a terminal that goes away sends SIGHUP.
         """
         try:
             fd = self._stream.fileno()
             mode = os.fstat(fd).st_mode
         except (OSError, ValueError, AttributeError):
-            mode = 0
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-            yield
             return
-        wake, waker = os.pipe()
-        thread = threading.Thread(
-            target=self._watch, args=(fd, wake), name="corral stdout watch", daemon=True
-        )
-        thread.start()
-        try:
-            yield
-        finally:
-            os.write(waker, b"x")
-            thread.join()
-            os.close(wake)
-            os.close(waker)
-
-    def _watch(self, fd: int, wake: int) -> None:
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return
         poller = select.poll()
         poller.register(fd, 0)  # only what is always reported: POLLERR, POLLHUP, POLLNVAL
-        poller.register(wake, select.POLLIN)
-        while True:
-            for ready, events in poller.poll():
-                if ready == wake or events & select.POLLNVAL:
-                    return
-                if events & (select.POLLERR | select.POLLHUP):
-                    self._went()
-                    return
+        while not self._gone:
+            await anyio.wait_readable(fd)
+            if any(events & _HANG_UP for _, events in poller.poll(0)):
+                self._went()
+                return
+            if stat.S_ISSOCK(mode):
+                return  # a peer that writes back: its data is not ours to read
 
     def write(self, text: str) -> int:
         self.guard(self._stream.write, text)
@@ -955,16 +940,15 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
     split = _urlsplit(url, source, number)
     stdout = _Stdout(sys.stdout)
     try:
-        with stdout.watched():
-            code = anyio.run(
-                _tail,
-                split,
-                number,
-                stdout,
-                not no_prefix,
-                False if no_color else None,
-                backend="asyncio",
-            )
+        code = anyio.run(
+            _tail,
+            split,
+            number,
+            stdout,
+            not no_prefix,
+            False if no_color else None,
+            backend="asyncio",
+        )
     except KeyboardInterrupt:
         code = 130
     _check_written(stdout)
@@ -1003,9 +987,11 @@ async def _tail(url: str, level: int, stdout: _Stdout, prefix: bool, colour: boo
 
     loop = corral.LoopToken.current().loop
     code = EXIT_PIPE
-    with anyio.CancelScope() as scope:
-        stdout.when_gone(lambda: _call_soon(loop, scope.cancel))
+    async with anyio.create_task_group() as tg:
+        stdout.when_gone(lambda: _call_soon(loop, tg.cancel_scope.cancel))
+        tg.start_soon(stdout.watch)
         code = await _follow(url, level, stdout, prefix, colour)
+        tg.cancel_scope.cancel()
     return EXIT_PIPE if stdout.gone else code
 
 
@@ -1169,8 +1155,7 @@ def _call_soon(loop: Any, fn: Callable[[], object]) -> None:
 def _main_loop(name: str, output: _Output, job: Any) -> NoReturn:
     stdout = _Stdout(sys.stdout)
     try:
-        with stdout.watched():
-            code = anyio.run(_serve, name, output, job, stdout)
+        code = anyio.run(_serve, name, output, job, stdout)
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseExceptionGroup as group:
@@ -1271,6 +1256,7 @@ async def _serve(name: str, output: _Output, job: Any, stdout: _Stdout) -> int:
             _say(f"corral: monitor at {r.monitor_url}")
         try:
             async with anyio.create_task_group() as tg:
+                tg.start_soon(stdout.watch)
                 if output.status and console.terminal:
                     tg.start_soon(_show_status, r, console, status)
                 code = await job(r, status)
