@@ -13,6 +13,7 @@ and then obeys commands given as JSON lines on its stdin.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import os
@@ -426,6 +427,32 @@ def test_addresses() -> None:
         parse_address(8765)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="HOST:PORT"):
         corral.open_runner(monitor="localhost:http")
+
+
+@pytest.mark.timeout(20)
+async def test_an_address_that_cannot_be_had_fails_the_entry_at_once() -> None:
+    # A port in use, an address this machine does not have (TEST-NET-1): entering
+    # raises an OSError naming the address and the reason, soon, leaving nothing
+    # behind (no_leaks), instead of waiting forever for the monitor to listen.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = [
+            (f"127.0.0.1:{port}", errno.EADDRINUSE, "address already in use"),
+            ("192.0.2.1:0", errno.EADDRNOTAVAIL, "cannot assign requested address"),
+        ]
+        for address, number, reason in cases:
+            began = time.monotonic()
+            with anyio.fail_after(8), pytest.raises(OSError) as caught:
+                async with corral.open_runner(monitor=address, console=False):
+                    pytest.fail("entered")
+            assert time.monotonic() - began < 5
+            assert caught.value.errno == number
+            assert f"monitor cannot listen on {address}: {reason}" in str(caught.value)
+    # The runner that failed to enter left the way clear for the next.
+    async with corral.open_runner(monitor=LOOPBACK, console=False) as r:
+        assert r.monitor_url is not None
 
 
 @pytest.mark.timeout(20)

@@ -65,6 +65,7 @@ import functools
 import hmac
 import ipaddress
 import logging
+import os
 import secrets
 import socket
 import sys
@@ -75,7 +76,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -149,6 +150,12 @@ MAX_HANDSHAKES: Final = 64
 #: A message from a client (a filter) is at most this long; a longer one
 #: closes the connection (1009).
 MAX_CLIENT_MESSAGE: Final = 4096
+#: Seconds the monitor may take to start listening (resolving its host's
+#: name, binding); past them, or if the address cannot be had, entering the
+#: runner fails with an :class:`OSError` naming the address and the reason.
+LISTEN_TIMEOUT: Final = 10.0
+
+_T = TypeVar("_T")
 
 _json = msgspec.json.Encoder()
 
@@ -734,7 +741,9 @@ class Monitor:
         self._log_path: str | None = None
         self._processes: dict[str, dict[str, Any]] = {}
         self._loop: LoopHandle | None = None
-        self.bound = anyio.Event()
+        #: Set once the monitor listens, or once it could not (then :attr:`error`).
+        self.ready = anyio.Event()
+        self.error: OSError | None = None
         self._ended = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
@@ -858,6 +867,30 @@ class Monitor:
             await self._serve_trio()
         else:
             await self._serve_asyncio()
+
+    async def _listen(self, opening: Awaitable[_T]) -> _T | None:
+        """What ``opening`` (the server's bind) gives, within :data:`LISTEN_TIMEOUT`.
+
+        ``None`` if the address cannot be had: :attr:`error` then says so, and
+        :attr:`ready` is set, so that the runner's entry fails at once.
+        """
+        try:
+            with anyio.fail_after(LISTEN_TIMEOUT):
+                return await opening
+        except (OSError, UnicodeError) as exc:  # TimeoutError included; a bad name
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            where = f"monitor cannot listen on {host}:{self.port}"
+            if isinstance(exc, TimeoutError):
+                self.error = TimeoutError(f"{where}: not done within {LISTEN_TIMEOUT:g} s")
+            else:
+                number = getattr(exc, "errno", None)
+                reason = os.strerror(number) if number and number > 0 else None
+                reason = reason or getattr(exc, "strerror", None)
+                reason = reason or str(exc) or type(exc).__name__
+                message = f"{where}: {reason[:1].lower()}{reason[1:]}"
+                self.error = OSError(number, message) if number else OSError(message)
+            self.ready.set()
+            return None
 
     async def _join(self, source: str, level: int) -> _Joined:
         """A new client, attached, and its first messages: the snapshot, the recent records.
@@ -1035,25 +1068,29 @@ class Monitor:
 
             await self._talk(joined, send, connection.recv, ConnectionClosed)
 
-        server = await serve(
-            handler,
-            self.host or None,
-            self.port,
-            create_connection=Connection,
-            process_request=process_request,
-            compression=None,
-            server_header=None,
-            close_timeout=1,
-            open_timeout=HANDSHAKE_TIMEOUT,
-            max_size=MAX_CLIENT_MESSAGE,
-            max_queue=4,
-            # Its own buffer, beyond the message being sent: the kernel's is the buffer.
-            write_limit=WRITE_LIMIT,
+        server = await self._listen(
+            serve(
+                handler,
+                self.host or None,
+                self.port,
+                create_connection=Connection,
+                process_request=process_request,
+                compression=None,
+                server_header=None,
+                close_timeout=1,
+                open_timeout=HANDSHAKE_TIMEOUT,
+                max_size=MAX_CLIENT_MESSAGE,
+                max_queue=4,
+                # Its own buffer, beyond the message being sent: the kernel's is the buffer.
+                write_limit=WRITE_LIMIT,
+            )
         )
+        if server is None:
+            return
         try:
             sockets = list(server.sockets)
             self.port = sockets[0].getsockname()[1]
-            self.bound.set()
+            self.ready.set()
             await self._ended.wait()
             # The handlers send "end" and close; give them a moment.
             with anyio.move_on_after(2):
@@ -1171,10 +1208,12 @@ class Monitor:
             finally:
                 self._leave(joined.client)
 
+        listeners = await self._listen(trio.open_tcp_listeners(self.port, host=self.host or None))
+        if listeners is None:
+            return
         async with trio.open_nursery() as nursery:
-            listeners = await trio.open_tcp_listeners(self.port, host=self.host or None)
             self.port = listeners[0].socket.getsockname()[1]
-            self.bound.set()
+            self.ready.set()
             nursery.start_soon(trio.serve_listeners, connection, listeners)
             await self._ended.wait()
             with trio.move_on_after(2):

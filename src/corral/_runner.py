@@ -171,7 +171,7 @@ class Runner:
         The same address with ``ws://`` is its WebSocket endpoint; see
         :doc:`howto/monitor`.
         """
-        if self._monitor is None or not self._monitor.bound.is_set():
+        if self._monitor is None or not self._monitor.ready.is_set() or self._monitor.error:
             return None
         return self._monitor.url
 
@@ -235,14 +235,33 @@ class Runner:
             self._observers.append(self._monitor.process_event)
             self._monitor.set_log_path(hub.log_path)
             tg.start_soon(self._serve_monitor, self._monitor, name=f"corral monitor {self._name}")
-            with anyio.CancelScope(shield=True):
-                await self._monitor.bound.wait()
+            await self._monitor_listens(self._monitor)
             hub.log(logging.INFO, f"monitor at {self._monitor.url}")
         # In Trio's guest mode on asyncio: stop in order when the host ends.
         self._host_hold = _backend.hold_asyncio_host(token.loop, self._on_host_ending)
         if self._signal_pending:
             tg.cancel_scope.cancel()  # a signal arrived while we were entering
         return self
+
+    async def _monitor_listens(self, monitor: Monitor) -> None:
+        """Wait (within the monitor's ``LISTEN_TIMEOUT``) until the monitor listens.
+
+        If it cannot, or the wait is cancelled (Ctrl-C), the runner is exited
+        as a block that started nothing would be, and the monitor's error (or
+        the cancellation) raised.
+        """
+        try:
+            await monitor.ready.wait()
+        except BaseException as exc:
+            try:
+                await self.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseException as teardown:
+                if teardown is not exc:
+                    raise
+            raise
+        if monitor.error is not None:
+            await self.__aexit__(None, None, None)
+            raise monitor.error
 
     async def _serve_monitor(self, monitor: Monitor) -> None:
         """The monitor's life: from entry until every child is gone (then "end")."""
@@ -947,7 +966,9 @@ def open_runner(
             browser and a WebSocket feed of the processes and their logs, at
             :attr:`Runner.monitor_url` (see :doc:`howto/monitor`).  ``True``
             or a port alone (``"8765"``) listens on loopback; port 0 is any
-            free port.
+            free port.  An address that cannot be had (a port in use, an
+            address this machine does not have) makes entering raise an
+            :exc:`OSError` that names it and the reason, within 10 seconds.
 
     Entering the runner raises :exc:`CorralError` if the system cannot give
     it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
