@@ -428,6 +428,12 @@ MARKING = b"web: touch started; exec sleep 30\n"
         ({}, ["run", "--grace", "inf", "--", "touch", "started"], 2, "--grace"),
         ({}, ["run", "-n", "100000000000", "--", "touch", "started"], 2, "--nproc-per-node"),
         (
+            {},
+            ["run", "-n", "4096", "--hosts", ",".join(f"h{i}" for i in range(17)), "--", "true"],
+            2,
+            "at most 65536 copies in all, not 69632",
+        ),
+        (
             {"file": b""},
             ["run", "--log-dir", "file/logs", "--", "touch", "started"],
             2,
@@ -462,6 +468,7 @@ MARKING = b"web: touch started; exec sleep 30\n"
         "grace-nan",
         "grace-inf",
         "nproc-huge",
+        "world-huge",
         "log-dir-under-a-file",
         "monitor-address-not-ours",
         "tail-bad-ipv6",

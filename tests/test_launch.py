@@ -549,6 +549,13 @@ def holds_a_lock() -> Callable[[], None]:
             "at least 1",
         ),
         ({"workers_per_host": "2"}, TypeError, "workers_per_host"),
+        ({"workers_per_host": 10**11}, ValueError, "at most 4096 on a host, not 100000000000"),
+        ({"workers_per_host": 4097}, ValueError, "at most 4096 on a host"),
+        (
+            {"hosts": [f"h{i}.invalid" for i in range(17)], "workers_per_host": 4096},
+            ValueError,
+            "at most 65536 workers in all, not 69632",
+        ),
         ({"start_timeout": 0}, ValueError, "start_timeout"),
         ({"copy_env": "HOME"}, TypeError, "copy_env"),
         ({"func": holds_a_lock()}, TypeError, r"cannot send .*_thread\.lock"),
@@ -574,6 +581,9 @@ def holds_a_lock() -> Callable[[], None]:
         "workers-wrong-length",
         "workers-zero-on-one-host",
         "workers-wrong-type",
+        "workers-huge",
+        "workers-above-maximum",
+        "world-above-maximum",
         "start-timeout",
         "copy-env-string",
         "unpicklable",
@@ -594,6 +604,19 @@ async def test_bad_input_fails_before_anything_starts(
             await r.launch(func, **kwargs)
         assert r.processes == ()
     assert not [m for m in logs.messages() if "started" in m]
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_too_many_workers_for_a_command_fails_before_anything_starts() -> None:
+    from corral._hosts import MAX_WORKERS_PER_HOST
+
+    assert MAX_WORKERS_PER_HOST == 4096  # the documented maximum
+    async with corral.open_runner(name="bad", console=False) as r:
+        for count in (10**11, [MAX_WORKERS_PER_HOST + 1]):
+            with pytest.raises(ValueError, match="at most 4096 on a host"):
+                await r.launch_command(["true"], workers_per_host=count)
+        assert r.processes == ()
 
 
 @pytest.mark.anyio

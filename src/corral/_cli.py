@@ -40,6 +40,8 @@ import anyio
 import anyio.to_thread
 import click
 
+from ._hosts import MAX_WORKERS, MAX_WORKERS_PER_HOST
+
 __all__ = ["cli", "main"]
 
 _E = TypeVar("_E", bound=BaseException)
@@ -286,8 +288,9 @@ def cli() -> None:
 _BAD_NAME = re.compile(r"[\s/\\.\0]")
 
 
-#: The most copies of a command on one host (``-n``) or of a Procfile's process (``-c``).
-MAX_COPIES = 4096
+#: The most copies of a command on one host (``-n``) or of a Procfile's process
+#: (``-c``): the library's maximum of workers on a host.
+MAX_COPIES = MAX_WORKERS_PER_HOST
 
 
 def _grace(value: float) -> float:
@@ -477,6 +480,11 @@ def run(
         host_list = "slurm" if hosts == "slurm" else [h for h in hosts.split(",") if h]
         if not host_list:
             raise click.BadParameter("give at least one host", param_hint="--hosts")
+        if host_list != "slurm" and (nproc or 1) * len(host_list) > MAX_WORKERS:
+            raise click.BadParameter(
+                f"at most {MAX_WORKERS} copies in all, not {(nproc or 1) * len(host_list)}",
+                param_hint="--hosts",
+            )
     from ._hosts import SSH, slurm_hosts
 
     ssh = SSH(user=ssh_user, identity_file=ssh_identity, options=tuple(ssh_option))

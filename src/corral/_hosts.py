@@ -34,6 +34,8 @@ from typing import Final
 
 __all__ = [
     "DEFAULT_ENV_PATTERNS",
+    "MAX_WORKERS",
+    "MAX_WORKERS_PER_HOST",
     "SSH",
     "dial_back_addresses",
     "environment_for_hosts",
@@ -41,6 +43,13 @@ __all__ = [
     "slurm_hosts",
     "slurm_workers_per_host",
 ]
+
+#: The most workers of a launch on one host (``workers_per_host``; the
+#: command line's ``-n`` and ``-c``): each is a process there, with its
+#: descriptors here.
+MAX_WORKERS_PER_HOST: Final = 4096
+#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
+MAX_WORKERS: Final = 65536
 
 #: Variables of the launcher that every remote worker gets (shell-style globs).
 DEFAULT_ENV_PATTERNS: Final[tuple[str, ...]] = (

@@ -69,6 +69,8 @@ from . import _link
 from ._agent import CONFIG_ENV, HostWorkers, encode_config
 from ._errors import CorralError, _signal_name
 from ._hosts import (
+    MAX_WORKERS,
+    MAX_WORKERS_PER_HOST,
     SSH,
     dial_back_addresses,
     environment_for_hosts,
@@ -312,6 +314,15 @@ def _plan(
         raise TypeError("workers_per_host must be an int or one int per host")
     if any(n < 1 for n in counts):
         raise ValueError(f"workers_per_host must be at least 1 everywhere, not {counts}")
+    if max(counts) > MAX_WORKERS_PER_HOST:
+        raise ValueError(
+            f"workers_per_host may be at most {MAX_WORKERS_PER_HOST} on a host, not {max(counts)}"
+        )
+    if sum(counts) > MAX_WORKERS:
+        raise ValueError(
+            f"a launch may have at most {MAX_WORKERS} workers in all, not {sum(counts)} "
+            f"({len(names)} hosts)"
+        )
     if isinstance(copy_env, str):
         raise TypeError("copy_env is a sequence of globs, not one string")
     ssh = ssh if ssh is not None else SSH()

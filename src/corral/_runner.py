@@ -707,7 +707,9 @@ class Runner:
                 allocation, agents started with one ``srun`` step).
             workers_per_host: workers on each host: one int, or one per host.
                 With ``hosts="slurm"`` it defaults to ``SLURM_NTASKS_PER_NODE``
-                or ``SLURM_GPUS_ON_NODE``; otherwise to 1.
+                or ``SLURM_GPUS_ON_NODE``; otherwise to 1.  At most 4096 on a
+                host and 65536 in all (``MAX_WORKERS_PER_HOST``,
+                ``MAX_WORKERS``).
             extra_env: variables for every worker (``None`` removes one).
             copy_env: globs of the launcher's variables that remote workers
                 get on top of the default set (see :data:`corral.DEFAULT_ENV_PATTERNS`).
@@ -736,8 +738,9 @@ class Runner:
 
         Raises:
             TypeError, ValueError: bad arguments (an empty host list, a wrong
-                number of ``workers_per_host``, a function that cannot be
-                pickled, an unreadable identity file); nothing was started.
+                number of ``workers_per_host`` or more than the maximum, a
+                function that cannot be pickled, an unreadable identity
+                file); nothing was started.
             LaunchError: an agent did not come up (ssh's own message
                 included, or the hosts not ready within ``start_timeout``),
                 or the link to an agent was lost (closed, or silent for
