@@ -540,6 +540,10 @@ def holds_a_lock() -> Callable[[], None]:
         ({"hosts": []}, ValueError, "hosts is empty"),
         ({"hosts": "node1"}, TypeError, "not the string"),
         ({"hosts": ["a.invalid", "a.invalid"]}, ValueError, "twice"),
+        ({"hosts": ["h\udcff.invalid"]}, ValueError, "not a host name"),
+        ({"hosts": ["a.invalid", "h\x00.invalid"]}, ValueError, "not a host name"),
+        ({"hosts": ["h\n.invalid"]}, ValueError, "not a host name"),
+        ({"hosts": [""]}, ValueError, "not a host name"),
         ({"workers_per_host": 0}, ValueError, "at least 1"),
         ({"workers_per_host": -2}, ValueError, "at least 1"),
         ({"hosts": ["a.invalid", "b.invalid"], "workers_per_host": [1]}, ValueError, "1 entries"),
@@ -576,6 +580,10 @@ def holds_a_lock() -> Callable[[], None]:
         "empty-hosts",
         "hosts-string",
         "duplicate-host",
+        "host-not-utf8",
+        "host-nul",
+        "host-newline",
+        "host-empty",
         "zero-workers",
         "negative-workers",
         "workers-wrong-length",
@@ -604,6 +612,19 @@ async def test_bad_input_fails_before_anything_starts(
             await r.launch(func, **kwargs)
         assert r.processes == ()
     assert not [m for m in logs.messages() if "started" in m]
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_an_ssh_option_that_is_not_utf8_gets_ssh_s_own_message() -> None:
+    # `ssh -G` echoes the option's bytes back: read as they were written, they
+    # are no UnicodeDecodeError, and ssh says what is wrong with the host.
+    ssh = corral.SSH(options=("-o", "Hostname=x\udcff.invalid"))
+    async with corral.open_runner(name="bad", console=False) as r:
+        with anyio.fail_after(20), pytest.raises(corral.LaunchError) as caught:
+            await r.launch(whoami, hosts=["h.invalid"], ssh=ssh)
+    assert "agent-0 on h.invalid" in str(caught.value)
+    assert "x\\377.invalid" in str(caught.value)  # ssh: Could not resolve hostname x\377...
 
 
 @pytest.mark.anyio

@@ -185,7 +185,7 @@ def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
             try:
                 address = route_address(name)
                 break
-            except OSError:
+            except (OSError, UnicodeError, ValueError):  # not a name: ssh will say so
                 continue
         found.append(address)
     fallback = next((a for a in found if a is not None), None)
@@ -198,17 +198,23 @@ def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
 
 
 def _ssh_hostname(host: str, ssh: SSH) -> str | None:
-    """The host name ssh's configuration gives ``host`` (``ssh -G``), if it differs."""
+    """The host name ssh's configuration gives ``host`` (``ssh -G``), if it differs.
+
+    Its output is decoded as the arguments were encoded (bytes that are not
+    UTF-8 as lone surrogates): a host or an option that is not UTF-8 comes
+    back as it went.
+    """
     try:
         out = subprocess.run(
             [ssh.executable, *ssh.options, "-G", "--", host],
             capture_output=True,
-            text=True,
+            encoding="utf-8",
+            errors="surrogateescape",
             timeout=10,
             check=False,
             stdin=subprocess.DEVNULL,
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, ValueError, subprocess.TimeoutExpired):  # ValueError: a NUL in an argument
         return None
     for line in out.stdout.splitlines():
         key, _, value = line.partition(" ")

@@ -297,6 +297,9 @@ def _plan(
         names = [str(host) for host in hosts]
         if not names:
             raise ValueError("hosts is empty: give at least one host, or None for this machine")
+        for name in names:
+            if not name or not name.isprintable() or not _is_utf8(name):
+                raise ValueError(f"hosts: {name!r} is not a host name (printable UTF-8 text)")
         if len(set(names)) != len(names):
             raise ValueError(
                 f"hosts lists a host twice ({names}); use workers_per_host for more workers"
@@ -352,6 +355,14 @@ def _plan(
         plan.firsts.append(first)
         first += count
     return plan
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # lone surrogates: bytes of an argument that were not UTF-8
+        return False
+    return True
 
 
 def _pickle_job(func: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
