@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -1255,6 +1256,71 @@ async def test_tail_refused_with_a_wrong_token_exits_1() -> None:
     assert result.returncode == 1
     assert b"refused" in result.stderr and b"403" in result.stderr
     assert result.stdout == b""
+
+
+@contextmanager
+def fake_monitor(first: bytes) -> Iterator[str]:
+    """A WebSocket server that sends its one client ``first``, then ``end``: its tail URL."""
+
+    def frame(payload: bytes) -> bytes:  # a text frame, unmasked (server to client)
+        return b"\x81\x7f" + struct.pack("!Q", len(payload)) + payload
+
+    def serve(listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return  # closed: the client never came
+        with conn:
+            conn.settimeout(10)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                request += data
+            key = re.search(rb"(?i)sec-websocket-key: *(\S+)", request)
+            assert key is not None
+            magic = key[1] + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+            accept = base64.b64encode(hashlib.sha1(magic).digest())
+            try:
+                conn.sendall(
+                    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                    b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+                )
+                conn.sendall(frame(first) + frame(b'{"type":"end"}'))
+                if conn.recv(4096):  # the client's close frame: answer it, and close
+                    conn.sendall(b"\x88\x00")
+            except OSError:
+                pass
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=serve, args=(listener,), name="fake monitor")
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}/?token=x"
+        finally:
+            listener.shutdown(socket.SHUT_RDWR)
+            thread.join(10)
+
+
+@pytest.mark.timeout(30)
+def test_tail_refuses_a_message_above_its_bound_with_one_line() -> None:
+    bound = 4 * 2**20  # the documented bound, corral._cli.MAX_TAIL_MESSAGE
+    # Within the bound (a first message of every process can be large): taken.
+    big = b'{"type":"hello","pad":"' + b"x" * (bound - 100) + b'"}'
+    with fake_monitor(big) as url:
+        result = subprocess.run(corral_argv("tail", url), capture_output=True, timeout=20)
+    assert (result.returncode, result.stderr) == (0, b"")
+    # Beyond it: one line and exit code 1, at once, not a reconnection.
+    huge = b'{"type":"hello","pad":"' + b"x" * bound + b'"}'
+    with fake_monitor(huge) as url:
+        began = time.monotonic()
+        result = subprocess.run(corral_argv("tail", url), capture_output=True, timeout=20)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == (
+        b"corral tail: the monitor sent a message larger than 4 MiB: not a corral monitor?\n"
+    )
+    assert time.monotonic() - began < 10
 
 
 @pytest.mark.timeout(40)

@@ -935,7 +935,8 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
 
     Prints every line with the same prefixes and colours as corral run,
     reconnects if the connection drops while the runner lives, and exits 0
-    when the runner ends.
+    when the runner ends; 1 if the monitor refuses it, stays unreachable
+    for 30 s, or sends a message larger than 4 MiB.
     """
     from ._monitor import _level_number
 
@@ -1003,6 +1004,12 @@ async def _tail(url: str, level: int, stdout: _Stdout, prefix: bool, colour: boo
     return EXIT_PIPE if stdout.gone else code
 
 
+#: The longest message ``corral tail`` takes from a monitor: its own are at most
+#: 256 KiB, and its first (every process) grows with the processes; a longer
+#: one ends the command with one line and exit code 1.
+MAX_TAIL_MESSAGE = 4 * 1024 * 1024
+
+
 async def _follow(url: str, level: int, stdout: _Stdout, prefix: bool, colour: bool | None) -> int:
     import msgspec
     from websockets.asyncio.client import connect
@@ -1026,7 +1033,7 @@ async def _follow(url: str, level: int, stdout: _Stdout, prefix: bool, colour: b
     try:
         while True:
             try:
-                async with connect(url, open_timeout=10, max_size=None) as ws:
+                async with connect(url, open_timeout=10, max_size=MAX_TAIL_MESSAGE) as ws:
                     failing_since = None
                     delay = 0.2
                     backlog = True
@@ -1062,6 +1069,12 @@ async def _follow(url: str, level: int, stdout: _Stdout, prefix: bool, colour: b
                 _say(f"corral tail: the monitor refused the connection ({code}): wrong token?")
                 return 1
             except (OSError, ConnectionClosed, TimeoutError) as exc:
+                if isinstance(exc, ConnectionClosed) and exc.sent and exc.sent.code == 1009:
+                    _say(
+                        "corral tail: the monitor sent a message larger than "
+                        f"{MAX_TAIL_MESSAGE // 2**20} MiB: not a corral monitor?"
+                    )
+                    return 1
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if now - failing_since > give_up_after:
