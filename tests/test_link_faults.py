@@ -31,7 +31,7 @@ import pytest
 from tests.conftest import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
-from corral._link import HELLO_TIMEOUT
+from corral._link import HELLO_TIMEOUT, MAX_PENDING_HELLOS
 
 if TYPE_CHECKING:
     import _hosts
@@ -412,6 +412,70 @@ async def test_strangers_on_the_launch_listener_cost_no_memory(
     # One that never completes is closed at the hello deadline.
     held = max(report["trickle_held"])
     assert held < HELLO_TIMEOUT + SLACK, f"a trickling stranger was kept {held:.1f} s"
+
+
+#: Peers that connect to the launch listener and say nothing, before the real agent dials.
+SILENT_PEERS = 200
+
+#: A "Python" for the remote host that, before it runs the real agent, opens SILENT_PEERS
+#: connections to the launcher's listener and says nothing on them; it reports on stderr, as
+#: one JSON line, how many the launcher closed within 3 s (well before the hello deadline),
+#: then runs the agent, which inherits the connections still open: strangers that still wait
+#: for their hello when the agent dials.
+SILENT_THEN_AGENT = r"""#!{python}
+import base64, json, os, select, socket, sys, time
+
+if sys.argv[1:] != ["-m", "corral._agent"]:  # the agent's workers: the real thing
+    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+raw = sys.stdin.buffer.readline()
+cfg = json.loads(base64.b64decode(raw))
+address = (cfg["address"], cfg["port"])
+peers = [socket.create_connection(address, timeout=10) for _ in range({peers})]
+began = time.monotonic()
+open_ = set(peers)
+while len(open_) > {wait} and time.monotonic() - began < 3:
+    ready, _, _ = select.select(list(open_), [], [], 0.1)
+    for peer in ready:  # readable: closed by the launcher (EOF or a reset)
+        try:
+            gone = peer.recv(1) == b""
+        except OSError:
+            gone = True
+        if gone:
+            open_.discard(peer)
+print(json.dumps({{"closed": {peers} - len(open_), "after": time.monotonic() - began}}),
+      file=sys.stderr, flush=True)
+for peer in open_:
+    peer.set_inheritable(True)  # still waiting while the agent dials
+os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_silent_strangers_wait_for_their_hello_at_most_64_at_a_time(
+    ssh_hosts: _hosts.SshHosts, tag: str, tmp_path: Path
+) -> None:
+    """Of the connections waiting for their hello, the oldest goes when the 65th comes."""
+    python = tmp_path / "python"
+    python.write_text(
+        SILENT_THEN_AGENT.format(python=sys.executable, peers=SILENT_PEERS, wait=MAX_PENDING_HELLOS)
+    )
+    python.chmod(0o755)
+    logs = Lines()
+    async with corral.open_runner(name="silent", console=False, handlers=[logs]) as r:
+        results = await r.launch(
+            os.getpid,
+            hosts=ssh_hosts.addresses[:1],
+            ssh=ssh_for(ssh_hosts, python=str(python)),
+            extra_env={TAG_VAR: tag},
+        )
+    assert len(results) == 1  # the real agent got in, past the strangers still waiting
+    (said,) = logs.of("silent.agent-0.ssh", "stderr")
+    report = json.loads(said)
+    # All but 64 closed long before the hello deadline (which would close them all).
+    assert report["closed"] == SILENT_PEERS - MAX_PENDING_HELLOS, report
+    assert report["after"] < HELLO_TIMEOUT - 1, report
 
 
 # -- 3. every launch failure is a LaunchError, in time --------------------------------------

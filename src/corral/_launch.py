@@ -687,6 +687,8 @@ class _Remote:
         self.commands: list[tuple[Process, list[int]]] = []
         self.closing = False  # the launch is ending: no more agents are heard
         self._states: dict[tuple[int, str, str], StreamState] = {}
+        #: Connections waiting for their hello, oldest first (see _link.MAX_PENDING_HELLOS).
+        self._hellos: dict[anyio.CancelScope, None] = {}
 
     def _warn(self, message: str) -> None:
         self.runner._hub.warn(message)
@@ -704,8 +706,19 @@ class _Remote:
         await listener.serve(handle, task_group=tg)
 
     async def _converse(self, stream: anyio.abc.SocketStream) -> None:
-        # Before the secret is checked: one small hello, quickly (see corral._link).
-        hello = await _link.read_hello(stream)
+        # Before the secret is checked: one small hello, quickly, and only so
+        # many connections waiting for theirs (see corral._link).
+        hello = None
+        with anyio.CancelScope() as waiting:
+            self._hellos[waiting] = None
+            while len(self._hellos) > _link.MAX_PENDING_HELLOS:
+                oldest = next(iter(self._hellos))
+                del self._hellos[oldest]
+                oldest.cancel()
+            try:
+                hello = await _link.read_hello(stream)
+            finally:
+                self._hellos.pop(waiting, None)
         if hello is None:
             return
         if (

@@ -15,8 +15,10 @@ one frame, the hello, of at most :data:`MAX_HELLO` bytes (4 KiB), and must
 send it whole within :data:`HELLO_TIMEOUT` seconds (5 s) of being accepted;
 the listener reads exactly that frame and nothing after it.  A longer length
 prefix, anything that is not a hello, or a hello that is late is closed at
-once, so that a stranger costs the launcher at most a few KiB and a few
-seconds: the 1 GiB frames of an authenticated link (:data:`MAX_LINK_FRAME`)
+once, and of :data:`MAX_PENDING_HELLOS` (64) connections still waiting for
+their hello the one that has waited longest is closed when another comes, so
+that strangers cost the launcher at most a few KiB and a few descriptors
+each, for a few seconds: the 1 GiB frames of an authenticated link (:data:`MAX_LINK_FRAME`)
 are allowed only once the hello was accepted.
 
 **The link has a deadline** (:class:`Link`).  A TCP connection with no
@@ -101,6 +103,7 @@ __all__ = [
     "LINK_VERSION",
     "MAX_HELLO",
     "MAX_LINK_FRAME",
+    "MAX_PENDING_HELLOS",
     "AgentDone",
     "AgentHello",
     "Heartbeat",
@@ -134,6 +137,10 @@ MAX_HELLO: Final = 4096
 
 #: Seconds a connection has, from being accepted, to send its hello whole.
 HELLO_TIMEOUT: Final = 5.0
+
+#: Connections of a launch listener that may wait for their hello at once; to
+#: accept another, the one that has waited longest is closed.
+MAX_PENDING_HELLOS: Final = 64
 
 #: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
 DEFAULT_LINK_TIMEOUT: Final = 5.0
