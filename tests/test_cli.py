@@ -339,6 +339,11 @@ def test_version(tmp_path: Path, flag: str) -> None:
         ["run", "--max-restarts", "-1", "--", "true"],
         ["run", "--grace", "-1", "--", "true"],
         ["run", "--hosts", ",", "--", "true"],
+        ["run", "--link-timeout", "0", "--", "true"],
+        ["run", "--link-timeout", "-1", "--", "true"],
+        ["run", "--link-timeout", "nan", "--", "true"],
+        ["run", "--link-timeout", "inf", "--", "true"],
+        ["run", "--link-timeout", "soon", "--", "true"],
         ["run", "--no-such-option", "--", "true"],
         ["up", "-c", "web=x"],
         ["up", "-c", "nosuch=2"],
@@ -1340,6 +1345,44 @@ def test_run_on_an_unreachable_host_says_why(ssh_hosts: _hosts.SshHosts, tmp_pat
     assert last.startswith("corral: error: "), out.stderr
     assert "TaskGroup" not in last, out.stderr
     assert ssh_hosts.unreachable_address in last or "ssh" in last, out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_run_link_timeout_reaches_the_launch(
+    ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str
+) -> None:
+    """A host cut off mid-run is lost after --link-timeout, not after the default 5 s."""
+    assert (
+        corral("run", "--link-timeout", "2.5", "--", "true", cwd=tmp_path, tag=tag).returncode == 0
+    )  # taken for a run on this machine too (where no link is involved)
+    link_timeout = 1.0
+    host = ssh_hosts.hosts[0]
+    argv = corral_argv(
+        "run",
+        "--hosts",
+        host.address,
+        "--link-timeout",
+        str(link_timeout),
+        *ssh_args(ssh_hosts),
+        "--",
+        "env",
+        f"{TAG_VAR}={tag}",
+        *sh("echo up; exec sleep 30"),
+    )
+    run = Streaming(argv, cwd=tmp_path, env=environ(tag, NO_COLOR="1"))
+    try:
+        run.until(lambda lines: any(line.endswith("| up") for line in lines))
+        with host.cut():
+            cut = time.monotonic()
+            code = run.finish(timeout=20)
+            took = time.monotonic() - cut
+            # The agent on the other side of the cut stops its worker by itself.
+            assert wait_gone(tagged_pids(tag), link_timeout + 5) == []
+    finally:
+        run.close()
+    assert code == 1, run.lines
+    assert host.address in run.lines[-1] and "link" in run.lines[-1], run.lines
+    assert took < 4.0, f"lost after {took:.1f} s: {run.lines}"  # the default would be >= 5 s
 
 
 def run_in_salloc(

@@ -41,6 +41,7 @@ import anyio.to_thread
 import click
 
 from ._hosts import MAX_WORKERS, MAX_WORKERS_PER_HOST
+from ._link import DEFAULT_LINK_TIMEOUT
 
 __all__ = ["cli", "main"]
 
@@ -299,6 +300,14 @@ def _grace(value: float) -> float:
     return value
 
 
+def _link_timeout(value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(
+            f"{value} is not a positive number of seconds", param_hint="--link-timeout"
+        )
+    return value
+
+
 def _is_text(value: str) -> bool:
     """Whether ``value`` is printable UTF-8 text (an argument of bytes that are not is not)."""
     try:
@@ -435,6 +444,16 @@ def _output_options(func: Any) -> Any:
     show_default=True,
     help="Restarts allowed with --restart on-failure.",
 )
+@click.option(
+    "--link-timeout",
+    metavar="SECONDS",
+    type=float,
+    default=DEFAULT_LINK_TIMEOUT,
+    callback=lambda _ctx, _param, value: _link_timeout(value),
+    show_default=True,
+    help="With --hosts: a host whose link stays silent this long counts as lost "
+    "(its workers are stopped, the run fails).",
+)
 @click.option("--ssh-user", callback=_text_option, help="The remote user for --hosts.")
 @click.option(
     "--ssh-identity",
@@ -457,6 +476,7 @@ def run(
     name: str,
     restart: str,
     max_restarts: int,
+    link_timeout: float,
     ssh_user: str | None,
     ssh_identity: str | None,
     ssh_option: tuple[str, ...],
@@ -500,7 +520,7 @@ def run(
         except (RuntimeError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
     output = _Output.of(log_dir, no_prefix, no_color, no_status, monitor)
-    job = _RunJob(list(command), nproc, host_list, ssh, restart, max_restarts, grace)
+    job = _RunJob(list(command), nproc, host_list, ssh, restart, max_restarts, grace, link_timeout)
     _main_loop(name, output, job)
 
 
@@ -513,6 +533,7 @@ class _RunJob:
     restart: str
     max_restarts: int
     grace: float
+    link_timeout: float
 
     @property
     def programs(self) -> list[str]:
@@ -533,6 +554,7 @@ class _RunJob:
                     workers_per_host=self.nproc,
                     ssh=self.ssh,
                     grace=self.grace,
+                    link_timeout=self.link_timeout,
                 )
                 return 0
             except corral.WorkerFailed as failure:
