@@ -31,7 +31,7 @@ import pytest
 from tests.conftest import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
-from corral._link import HELLO_TIMEOUT, MAX_PENDING_HELLOS
+from corral._link import HELLO_TIMEOUT, MAX_LINK_FRAME, MAX_PENDING_HELLOS, Link, LinkLost
 
 if TYPE_CHECKING:
     import _hosts
@@ -476,6 +476,25 @@ async def test_silent_strangers_wait_for_their_hello_at_most_64_at_a_time(
     # All but 64 closed long before the hello deadline (which would close them all).
     assert report["closed"] == SILENT_PEERS - MAX_PENDING_HELLOS, report
     assert report["after"] < HELLO_TIMEOUT - 1, report
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(20)
+async def test_a_frame_over_the_link_limit_loses_the_link_before_its_payload() -> None:
+    """After the hello a frame may be 1 GiB (MAX_LINK_FRAME); a longer one ends the link as
+    soon as its length is read, before any of its payload is waited for or held."""
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
+        (listener,) = listeners.listeners
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with (
+            await anyio.connect_tcp("127.0.0.1", port) as peer,
+            await listener.accept() as ours,
+        ):
+            link = Link(ours, timeout=10)
+            await peer.send((MAX_LINK_FRAME + 1).to_bytes(4, "big") + b"x" * 1000)
+            with anyio.fail_after(5), pytest.raises(LinkLost, match="bad frame"):
+                await link.receive()
+            assert link._decoder.buffered == 0
 
 
 # -- 3. every launch failure is a LaunchError, in time --------------------------------------
