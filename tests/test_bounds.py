@@ -788,7 +788,12 @@ async def test_a_client_gets_the_newest_records_from_before_it_in_one_message(
 ) -> None:
     async with monitored() as (r, readers):
         assert r.monitor_url is not None
-        code = f"for i in range(600): print(f'{{i:06d}}' + 'x' * {length - 6})"
+        # One write of everything (up to the pipe's size), so that the record
+        # count does not depend on how the reads happened to split the lines.
+        code = (
+            "import sys; sys.stdout.write(''.join("
+            f"f'{{i:06d}}' + 'x' * {length - 6} + '\\n' for i in range(600)))"
+        )
         await r.run([PY, "-c", code], name="before")
         client = await MonitorClient.connect(
             r.monitor_url,
