@@ -526,9 +526,9 @@ async def test_a_tail_that_is_not_read_holds_a_bounded_amount(kind: str) -> None
         held = _text(list(tail._records))
         tail.close()
     assert code == 3, "the child was never held back"
-    # TAIL_BYTES, and what the collector had queued (its bound, and the batch being
-    # routed: one read more) and the pipe held then.
-    bound = TAIL_BYTES + DEFAULT_MAX_BYTES + 2 * CHUNK + 64 * 1024
+    # TAIL_BYTES, and what the collector had then: the batch being routed and the
+    # queue behind it (each at most its bound and one read), and what the pipe held.
+    bound = TAIL_BYTES + 2 * (DEFAULT_MAX_BYTES + CHUNK) + 64 * 1024
     assert held < bound, f"the tail held {held / 2**20:.1f} MiB"
 
 
