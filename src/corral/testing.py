@@ -70,7 +70,8 @@ class CorralLog:
     Like pytest's ``caplog``: :attr:`records`, :attr:`messages`,
     :attr:`text`.  It keeps the newest :data:`CAPTURE_RECORDS` records and
     :data:`CAPTURE_BYTES` bytes of their text (a longer one is kept cut to its
-    end, after ``[...]``), and the report says how many older ones it dropped.  Give :attr:`handler` to any runner (``handlers=[...]``) to
+    end, after ``[...]``), and the report says how many older ones it
+    dropped.  Give :attr:`handler` to any runner (``handlers=[...]``) to
     capture its children too; :func:`corral_runner` does.
     """
 
