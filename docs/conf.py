@@ -48,7 +48,8 @@ nitpick_ignore_regex = [
     (
         r"py:.*",
         r"(asyncio|builtins|collections|collections\.abc|errno|functools|json|logging|os"
-        r"|resource|select|signal|subprocess|sys|threading|time|typing|anyio|trio)(\..*)?",
+        r"|resource|select|signal|subprocess|sys|threading|time|typing|anyio|trio"
+        r"|pytest|_pytest)(\..*)?",
     ),
     # Type variables in signatures (``T``, ``Ts``) are not documented objects.
     (r"py:class", r"(corral\.[\w.]+\.)?Ts?"),

@@ -123,6 +123,36 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
         + [r"every rank agrees: 10\.0"],
         "stderr": [r"\d\d:\d\d:\d\d torch\.agent-0\.worker-\d \| rank \d: gloo all_reduce done"],
     },
+    "sync_launch.py": {
+        "stdout": [
+            r"losses in rank order: \[0\.091, 0\.083, 0\.077, 0\.071\]",
+            r"from inside asyncio\.run: \[0\.167, 0\.143\]",
+            r"caught FloatingPointError: rank 1: the loss is NaN",
+            r"  the other workers were stopped: True",
+            r"done: every worker has exited",
+        ],
+        "stderr": [
+            r"\d\d:\d\d:\d\d train\.agent-0\.worker-\d \| rank \d of 4: 10 steps",
+            r"\d\d:\d\d:\d\d lib\.agent-0\.worker-\d \| rank \d of 2: 5 steps",
+        ],
+    },
+    "sync_runner.py": {
+        "stdout": [
+            r"build: exited with code 0, said b'compiling\\nbuild ok\\n'",
+            r"server said: listening on port 8080",
+            r"server said: request 3 served",
+            r"server: still running after 0\.1 s, as subprocess\.Popen\.wait would say",
+            r"server: poll\(\) is None; stop\(\) returns -15",
+            r"another thread got WrongLoopError: the runner is its opener's",
+            r"caught ProcessFailed: step exited with code 2",
+            r"after the block, the handle says the runner is closed",
+            r"done: every child has exited \(server's code: -15\)",
+        ],
+        "stderr": [
+            r"\d\d:\d\d:\d\d script\.server \| listening on port 8080",
+            r"\d\d:\d\d:\d\d script\.step \| error: out of coffee",
+        ],
+    },
     "monitor.py": {
         "stdout": [
             r"monitor page: http://127\.0\.0\.1:\d+/\?token=[\w-]+",

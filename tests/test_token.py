@@ -178,3 +178,42 @@ def test_trio_guest_mode_each_runner_knows_its_own_loop(tag: str) -> None:
     assert seen["guest runner"] == "trio"
     assert seen["host's runner from the guest"] == 6
     assert seen["guest's runner from the host"] == 6
+
+
+async def test_run_sync_soon_reaches_the_loop_from_a_thread_that_runs_another_loop(
+    anyio_backend: str,
+) -> None:
+    """The one call that works where a Trio loop refuses blocking calls into other loops."""
+    async with corral.open_runner(console=False) as r:
+        arrived = anyio.Event()
+        seen: list[int] = []
+
+        def deliver() -> None:
+            seen.append(threading.get_ident())
+            arrived.set()
+
+        def other_loop() -> None:
+            async def elsewhere() -> None:
+                r.token.run_sync_soon(deliver)  # from inside a running Trio loop
+
+            trio.run(elsewhere)
+
+        await anyio.to_thread.run_sync(other_loop)
+        with anyio.fail_after(10):
+            await arrived.wait()
+        assert seen == [threading.get_ident()]
+        r.token.run_sync_soon(seen.append, 0)  # from the loop's own thread, too
+    assert seen[-1] == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_run_sync_soon_on_a_finished_loop_raises_run_finished(backend: str) -> None:
+    tokens: list[corral.LoopToken] = []
+
+    async def main() -> None:
+        async with corral.open_runner(console=False) as r:
+            tokens.append(r.token)
+
+    anyio.run(main, backend=backend)
+    with pytest.raises(anyio.RunFinishedError):
+        tokens[0].run_sync_soon(print)

@@ -46,9 +46,14 @@ __all__ = [
     "Runner",
     "Signalled",
     "StartupFailed",
+    "SyncLogTail",
+    "SyncProcess",
+    "SyncRunner",
     "WorkerFailed",
     "WrongLoopError",
+    "launch",
     "open_runner",
+    "open_runner_sync",
 ]
 
 # Where each public name lives.
@@ -79,6 +84,11 @@ _HOMES = {
     "StartupFailed": "_errors",
     "WrongLoopError": "_errors",
     "open_runner": "_runner",
+    "SyncLogTail": "_sync",
+    "SyncProcess": "_sync",
+    "SyncRunner": "_sync",
+    "launch": "_sync",
+    "open_runner_sync": "_sync",
 }
 
 
@@ -113,4 +123,5 @@ if TYPE_CHECKING:
     from ._runner import Runner, open_runner
     from ._sources import LogTail
     from ._stdio import DEVNULL, LOG, PIPE, STDOUT
+    from ._sync import SyncLogTail, SyncProcess, SyncRunner, launch, open_runner_sync
     from ._token import LoopToken

@@ -160,5 +160,23 @@ class LoopToken:
                 if not self._loop.is_running() and future.cancel():
                     raise RunFinishedError from None
 
+    def run_sync_soon(self, fn: Callable[[Unpack[Ts]], object], *args: *Ts) -> None:
+        """Schedule ``fn(*args)`` to run on the token's loop soon, and return at once.
+
+        Unlike :meth:`run_sync` it never waits, so it may be called from any
+        thread, the loop's own and one that runs another event loop (a Trio
+        loop refuses blocking calls from such a thread) included.  ``fn``
+        runs as a plain callback of the loop, outside of any task: it must
+        not raise, and whatever it returns is dropped.  Raises
+        :class:`anyio.RunFinishedError` if the loop has finished.
+        """
+        if not self._loop.is_running():
+            raise RunFinishedError
+
+        def call() -> None:
+            fn(*args)
+
+        self._loop.call_soon_threadsafe(call)
+
     def __repr__(self) -> str:
         return f"<LoopToken {self.backend} loop in thread {self._thread_name!r}>"
