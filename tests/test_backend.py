@@ -16,7 +16,12 @@ import threading
 import anyio
 import pytest
 
-from corral._backend import current_loop, is_asyncio_main_task, outlast_native_cancel
+from corral._backend import (
+    current_loop,
+    is_asyncio_main_task,
+    outlast_native_cancel,
+    start_surely,
+)
 
 
 def test_the_main_task_of_asyncio_run_is_recognised() -> None:
@@ -122,6 +127,44 @@ def test_outlast_native_cancel_finishes_the_wait_then_cancels() -> None:
         return steps
 
     assert asyncio.run(main()) == ["cancel delivered", "left the wait with the event set: True"]
+
+
+@pytest.mark.parametrize("caller_too", [False, True])
+def test_start_surely_runs_tasks_cancelled_before_their_first_step(caller_too: bool) -> None:
+    """A native Task.cancel() before a task's first step kills it unstarted; it is started again.
+
+    ``asyncio.run`` cancels every task left at its end, ones that were just
+    created included.  The cancellation is scheduled here to come first, as
+    it does there.  If it reached the caller too, the caller gets it once the
+    tasks run.  They start together, in order.
+    """
+
+    async def main() -> list[str]:
+        steps: list[str] = []
+        caller = asyncio.current_task()
+
+        async def body(name: str) -> None:
+            steps.append(f"{name} ran")
+
+        def cancel_all() -> None:
+            for task in asyncio.all_tasks():
+                if task is not caller or caller_too:
+                    task.cancel()
+
+        async with anyio.create_task_group() as tg:
+            asyncio.get_running_loop().call_soon(cancel_all)
+            try:
+                await start_surely(tg, (body, ("a",), "a"), (body, ("b",), "b"))
+            except asyncio.CancelledError:
+                steps.append(f"caller cancelled, after {len(steps)} steps")
+                assert caller is not None
+                caller.uncancel()
+            else:
+                steps.append("returned")
+        return steps
+
+    last = "caller cancelled, after 2 steps" if caller_too else "returned"
+    assert asyncio.run(main()) == ["a ran", "b ran", last]
 
 
 def test_interrupts_on_asyncio_main_task_are_bare_elsewhere_grouped(tmp_path: object) -> None:

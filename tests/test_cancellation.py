@@ -12,6 +12,8 @@ cannot pass by cancelling too early every time.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -20,7 +22,7 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from tests.conftest import TAG_VAR, ListHandler, children_of, tagged_pids
+from tests.conftest import TAG_VAR, ListHandler, children_of, tagged_pids, wait_gone
 
 import corral
 
@@ -187,3 +189,87 @@ async def test_a_cancelled_start_leaves_nothing(
                 spawned = [m for m in records.messages() if m.startswith("started child ")]
                 assert spawned == [], "a start in a cancelled scope spawned a child"
     assert tagged_pids(tag) == []
+
+
+# asyncio.run ending (returning, or its main task ending with KeyboardInterrupt,
+# as uvicorn's force quit does) while a runner in another task is starting
+# children.  The script prints what it left behind once asyncio.run is over.
+ASYNCIO_RUN_ENDS = """
+import asyncio, os, sys
+import corral
+
+end, loop, tag = sys.argv[1:4]
+TAG = {"CORRAL_TEST_TAG": tag}
+
+
+async def app(busy):
+    async with corral.open_runner(console=False, grace=2.0) as r:
+        for n in range(1_000_000):
+            # A start under way at almost any moment; each child killed at
+            # once, so that they do not pile up.
+            proc = await r.start(["sleep", "1000"], extra_env=TAG)
+            proc.kill()
+            if n == 20:
+                busy.set()
+
+
+async def main():
+    busy = asyncio.Event()
+    apps = [asyncio.ensure_future(app(busy)) for _ in range(2)]
+    await busy.wait()
+    if end == "interrupt":
+        raise KeyboardInterrupt
+
+
+factory = None
+if loop == "uvloop":
+    import uvloop
+
+    factory = uvloop.new_event_loop
+try:
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
+except KeyboardInterrupt:
+    pass
+try:
+    left = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+except ChildProcessError:
+    print("no child left", flush=True)
+else:
+    print("left a child:", left, flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("end", ["return", "interrupt"])
+def test_asyncio_run_ending_mid_start_reaps_every_child(
+    tmp_path: Path, tag: str, end: str, loop: str
+) -> None:
+    """asyncio.run's end cancels every task left, a start's brand-new tasks too: it still ends.
+
+    A task cancelled natively before its first step runs none of its code;
+    when it was a child's supervisor or the task that reaps it, the child was
+    never reaped and asyncio.run waited for the runner forever.
+    """
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    script = tmp_path / "ends.py"
+    script.write_text(ASYNCIO_RUN_ENDS)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), end, loop, tag],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its lifeline then kills the children
+        out, err = proc.communicate()
+        pytest.fail(f"asyncio.run did not end within 20 s; stderr:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    assert out.strip() == "no child left", err[-3000:]
+    assert "never awaited" not in err, err[-3000:]
+    assert wait_gone(tagged_pids(tag), 10.0) == []

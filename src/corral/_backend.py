@@ -1,7 +1,7 @@
 """What corral needs from each event loop that AnyIO does not offer.
 
 AnyIO hides the difference between asyncio and Trio almost everywhere, and
-corral uses it for everything it can.  Three jobs are left that AnyIO has no
+corral uses it for everything it can.  Four jobs are left that AnyIO has no
 public API for, and they live here, each written once per backend with that
 backend's own public API:
 
@@ -13,6 +13,13 @@ backend's own public API:
 * **Knowing whether the loop still runs**, so that a call from another thread
   into a loop that was stopped (but not closed) fails at once instead of
   waiting forever for a loop turn that never comes.
+* **Tasks whose body must run.**  On asyncio, a task that is cancelled
+  natively (``Task.cancel()``) before its first step never runs a line of
+  its coroutine: no ``try``, no ``finally``.  ``asyncio.run`` does exactly
+  that at its end to every task left, among them the ones a start had just
+  created (a child's supervisor, its reaper); AnyIO itself never cancels a
+  task that has not started.  :func:`start_surely` starts such a task again
+  if that happened, before the caller goes on.
 * **KeyboardInterrupt safety on Trio.**  Trio raises :class:`KeyboardInterrupt`
   at any bytecode of code that is not marked as protected, which can tear a
   task group or a half-spawned child apart.  Trio's own primitives are
@@ -31,11 +38,13 @@ import asyncio
 import asyncio.base_events
 import sys
 import types
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import anyio.lowlevel
 from anyio import CancelScope, RunFinishedError
+from anyio.abc import TaskGroup
 
 __all__ = [
     "Backend",
@@ -45,7 +54,9 @@ __all__ = [
     "hold_asyncio_host",
     "is_asyncio_main_task",
     "outlast_native_cancel",
+    "SureTask",
     "protect_on_trio",
+    "start_surely",
 ]
 
 Backend = Literal["asyncio", "trio"]
@@ -239,6 +250,78 @@ async def outlast_native_cancel(
     if cancelled is not None:
         raise cancelled
     return result
+
+
+#: One task for :func:`start_surely`: the async function, its arguments, the task's name.
+SureTask = tuple[Callable[..., Coroutine[Any, Any, object]], tuple[object, ...], str]
+
+
+async def start_surely(tg: TaskGroup, *tasks: SureTask) -> None:
+    """``tg.start_soon`` each task, for tasks whose body must run: return once they all do.
+
+    On asyncio, a task cancelled natively before its first step dies without
+    running any of its code (see the module's docs), and what it was there
+    for — reaping a child, draining its logs, ending a server — never happens,
+    so whoever waits for that waits forever.  asyncio runs callbacks in the
+    order they were scheduled, so the new tasks' first steps come before the
+    caller's next one: after one checkpoint each task has either started or
+    died unstarted, and those are started again.  A native cancellation of
+    the caller that came meanwhile (the same ``asyncio.run`` ending) is
+    raised once every task runs.  The checkpoint is shielded from AnyIO's
+    cancellation, which never stops a task from starting.  The tasks start
+    together, in order, as with as many ``start_soon`` calls.  On Trio, where
+    every task starts, this is just those calls.
+    """
+    if current_loop().backend != "asyncio":
+        for func, args, name in tasks:
+            tg.start_soon(func, *args, name=name)
+        return
+    cancelled: BaseException | None = None
+    pending = list(tasks)
+    while pending:
+        attempts: list[tuple[_Attempt, SureTask]] = []
+        for task in pending:
+            attempt = _Attempt(task[0], task[1])
+            try:
+                tg.start_soon(attempt.returning(), name=task[2])
+            except BaseException:
+                attempt.coro.close()
+                raise
+            attempts.append((attempt, task))
+        try:
+            with CancelScope(shield=True):
+                await anyio.lowlevel.checkpoint()
+        except asyncio.CancelledError as exc:
+            if cancelled is None:
+                cancelled = exc  # raised below, once every task runs
+        pending = []
+        for attempt, task in attempts:
+            if not attempt.started:
+                # It never ran, and never will: close its coroutine (no "never
+                # awaited" warning), and start the task again.
+                attempt.coro.close()
+                pending.append(task)
+    if cancelled is not None:
+        raise cancelled
+
+
+class _Attempt:
+    """One spawn of a task for :func:`start_surely`, and whether its body began."""
+
+    def __init__(self, func: Callable[..., Coroutine[Any, Any, object]], args: tuple[object, ...]):
+        self.started = False
+        self.coro = self._body(func, args)
+
+    async def _body(
+        self, func: Callable[..., Coroutine[Any, Any, object]], args: tuple[object, ...]
+    ) -> None:
+        self.started = True
+        await func(*args)
+
+    def returning(self) -> Callable[[], Coroutine[Any, Any, None]]:
+        """A function returning the coroutine, for ``start_soon`` (so that we keep hold of it)."""
+        coro = self.coro
+        return lambda: coro
 
 
 _protected: set[int] = set()

@@ -32,6 +32,7 @@ from collections import deque
 import anyio
 import anyio.to_thread
 
+from ._backend import start_surely
 from ._routing import Chunk, Outcome, Router
 
 __all__ = ["Collector"]
@@ -192,8 +193,11 @@ class Collector:
             tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(work)
-            tg.start_soon(watchdog)
+            await start_surely(
+                tg,
+                (work, (), f"corral log hand-over {self._name}"),
+                (watchdog, (), f"corral log watchdog {self._name}"),
+            )
         if stalled:
             self._give_up(batch, f"made no progress for {self._stall_timeout:g} s")
             return None

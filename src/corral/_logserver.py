@@ -53,6 +53,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _childenv, _platform
+from ._backend import start_surely
 from ._collector import Collector
 from ._routing import FRAMES, Chunk, StreamState
 from ._sources import Source
@@ -171,7 +172,7 @@ class LogServer:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 accept_scope = anyio.CancelScope()
-                tg.start_soon(self._accept_loop, accept_scope)
+                await start_surely(tg, (self._accept_loop, (accept_scope,), "corral log accept"))
                 await until.wait()
                 accept_scope.cancel()
                 self._stop_listening()
@@ -182,6 +183,14 @@ class LogServer:
         finally:
             self._tg = None
             self._stop_listening()
+            # Every connection's task has ended with the group.  One still
+            # open had its task cancelled before it ever ran (natively, at the
+            # end of asyncio.run): close it here, so that no drain waits for it.
+            for conn in self._open():
+                self._pending.discard(conn)
+                conn.sock.close()
+                conn.closed.set()
+            self._by_source.clear()
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def _stop_listening(self) -> None:

@@ -34,13 +34,14 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.lowlevel
 
 from . import _platform
-from ._backend import outlast_native_cancel
+from ._backend import SureTask, outlast_native_cancel, start_surely
 from ._errors import STDERR_TAIL_BYTES, HandshakeError, ProcessFailed, StartupFailed
 from ._handshake import MAX_REPORT, HandshakeReader
 from ._sources import LogTail, Source
@@ -668,8 +669,9 @@ class Process:
 
     async def _watch(self, run: _Run) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._core, run)
             try:
+                # The core reaps the child: it must run, whatever cancels us.
+                await start_surely(tg, (self._core, (run,), f"corral core {self._name}"))
                 await run.done.wait()
             except anyio.get_cancelled_exc_class():
                 self._stop_requested = True
@@ -685,10 +687,15 @@ class Process:
         with anyio.CancelScope(shield=True):
             try:
                 async with anyio.create_task_group() as tg:
-                    for reader in run.readers:
-                        tg.start_soon(reader.run)
+                    tasks: list[SureTask] = [
+                        (reader.run, (), f"corral reader {self._name}") for reader in run.readers
+                    ]
                     if run.handshake is not None:
-                        tg.start_soon(run.handshake.read, lambda: self._decide_start(run, False))
+                        decide = partial(self._decide_start, run, False)
+                        tasks.append(
+                            (run.handshake.read, (decide,), f"corral start-up {self._name}")
+                        )
+                    await start_surely(tg, *tasks)
                     await anyio.wait_readable(spawned.pidfd)
                     status = self._exit_status(run)
                     run.duration = time.monotonic() - spawned.started_at

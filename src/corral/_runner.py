@@ -215,11 +215,6 @@ class Runner:
                 await self._undo_entry(entered)
             raise
         self._tg = tg
-        tg.start_soon(hub.collector.run, name=f"corral log collector {self._name}")
-        tg.start_soon(hub.serve, self._children_done, name=f"corral log server {self._name}")
-        tg.start_soon(
-            self._lifeline.watch, self._children_done, name=f"corral lifeline {self._name}"
-        )
         self._services = ProcessServices(
             token=token,
             runner_name=self._name,
@@ -231,10 +226,27 @@ class Runner:
             on_event=self._process_event,
             open_streams=set(),
         )
+        # Each service must run, or the exit waits for it forever (the
+        # collector's hand-over, the log server's end, the monitor's): they
+        # are started surely, all of them even if a native cancellation
+        # (Ctrl-C under asyncio.run, its end) comes meanwhile.  Then the
+        # runner leaves as a block cancelled at once would, and the
+        # cancellation goes on.
+        services: list[_backend.SureTask] = [
+            (hub.collector.run, (), f"corral log collector {self._name}"),
+            (hub.serve, (self._children_done,), f"corral log server {self._name}"),
+            (self._lifeline.watch, (self._children_done,), f"corral lifeline {self._name}"),
+        ]
         if self._monitor is not None:
             self._observers.append(self._monitor.process_event)
             self._monitor.set_log_path(hub.log_path)
-            tg.start_soon(self._serve_monitor, self._monitor, name=f"corral monitor {self._name}")
+            services.append((self._serve_monitor, (self._monitor,), f"corral monitor {self._name}"))
+        try:
+            await _backend.start_surely(tg, *services)
+        except BaseException as exc:
+            await self._leave_entry(exc)
+            raise
+        if self._monitor is not None:
             await self._monitor_listens(self._monitor)
             hub.log(logging.INFO, f"monitor at {self._monitor.url}")
         # In Trio's guest mode on asyncio: stop in order when the host ends.
@@ -242,6 +254,14 @@ class Runner:
         if self._signal_pending:
             tg.cancel_scope.cancel()  # a signal arrived while we were entering
         return self
+
+    async def _leave_entry(self, exc: BaseException) -> None:
+        """Exit the runner as a block that started nothing would, on the way out with ``exc``."""
+        try:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+        except BaseException as teardown:
+            if teardown is not exc:
+                raise
 
     async def _monitor_listens(self, monitor: Monitor) -> None:
         """Wait (within the monitor's ``LISTEN_TIMEOUT``) until the monitor listens.
@@ -253,11 +273,7 @@ class Runner:
         try:
             await monitor.ready.wait()
         except BaseException as exc:
-            try:
-                await self.__aexit__(type(exc), exc, exc.__traceback__)
-            except BaseException as teardown:
-                if teardown is not exc:
-                    raise
+            await self._leave_entry(exc)
             raise
         if monitor.error is not None:
             await self.__aexit__(None, None, None)
@@ -278,7 +294,9 @@ class Runner:
                         await self._hub.delivered(self._hub.collector.mark())
                     monitor.end()
 
-                tg.start_soon(end_with_the_children)
+                await _backend.start_surely(
+                    tg, (end_with_the_children, (), f"corral monitor end {self._name}")
+                )
                 await monitor.serve(self._token.loop)
 
     async def _undo_entry(self, entered: list[str]) -> None:
@@ -563,8 +581,11 @@ class Runner:
             self._signals.add(proc)
         self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
         self._process_event(proc, "running")
-        self._tg.start_soon(proc._supervise, name=f"corral supervisor {self._name}.{name}")
         try:
+            # Its supervisor must run, or nobody ever reaps the child.
+            await _backend.start_surely(
+                self._tg, (proc._supervise, (), f"corral supervisor {self._name}.{name}")
+            )
             # Spawning holds the loop for a few hundred microseconds: let others
             # run.  A cancellation that arrives now (a deadline that passed
             # during the spawn included) cancels the start: the child is
