@@ -39,7 +39,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +130,23 @@ async def run(request):
     return JSONResponse({{"returncode": result.returncode}})
 
 
-app = Starlette(routes=[Route("/", status), Route("/run", run)], lifespan=lifespan)
+async def churn(request):
+    # A request that keeps starting children (and kills each one at once, so
+    # that they do not pile up): at almost any moment a start is under way.
+    print("CHURN", flush=True)
+    runner = request.app.state.runner
+    while True:
+        proc = await runner.start(["sleep", "1000"], extra_env={{{TAG_VAR!r}: TAG}})
+        proc.kill()
+
+
+app = Starlette(
+    routes=[Route("/", status), Route("/run", run), Route("/churn", churn)], lifespan=lifespan
+)
 listener = socket.socket(fileno=int(sys.argv[1]))
-uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=False)).run(sockets=[listener])
+loop = sys.argv[2] if len(sys.argv) > 2 else "auto"  # uvloop if installed, as by default
+config = uvicorn.Config(app, log_level="info", access_log=False, loop=loop)
+uvicorn.Server(config).run(sockets=[listener])
 """
 
 # Quart-Trio, for hypercorn's Trio worker.  The runner lives in a task of the
@@ -249,7 +263,7 @@ UVICORN_HANDLER = "uvicorn.server.Server.handle_exit"
 class Server:
     """A web server in a session of its own, serving on a socket the test bound."""
 
-    def __init__(self, kind: str, tmp_path: Path, tag: str) -> None:
+    def __init__(self, kind: str, tmp_path: Path, tag: str, extra: Sequence[str] = ()) -> None:
         self.kind = kind
         self.tag = tag
         (tmp_path / "uvicorn_server.py").write_text(UVICORN_SERVER)
@@ -263,7 +277,7 @@ class Server:
             self.port = listener.getsockname()[1]
             fd = listener.fileno()
             argv = {
-                UVICORN: [PY, "uvicorn_server.py", str(fd)],
+                UVICORN: [PY, "uvicorn_server.py", str(fd), *extra],
                 HYPERCORN_CLI: [PY, "-m", "hypercorn", "-k", "trio", "-b", f"fd://{fd}", "app:app"],
                 HYPERCORN_SERVE_: [PY, "hypercorn_serve.py", str(fd)],
             }[kind]
@@ -370,15 +384,16 @@ class Server:
             self.proc.stdout.close()
 
 
-Serve = Callable[[str], Server]
+Serve = Callable[..., Server]
 
 
 @pytest.fixture
 def serve(tmp_path: Path, tag: str) -> Iterator[Serve]:
+    """``serve(kind, *extra)``: a server of ``kind`` (its script gets ``extra`` arguments)."""
     servers: list[Server] = []
 
-    def start(kind: str) -> Server:
-        server = Server(kind, tmp_path, tag)
+    def start(kind: str, *extra: str) -> Server:
+        server = Server(kind, tmp_path, tag, extra)
         servers.append(server)
         server.wait_ready()
         return server
@@ -497,6 +512,49 @@ def test_uvicorn_force_quit_with_requests_waiting_in_run(
         server.signal(signal.SIGINT)
         time.sleep(gap)  # the user's second Ctrl-C, this long after the first
         server.signal(signal.SIGINT)
+        returncode = server.wait(EXIT_BOUND)
+        assert returncode is not None, (
+            f"the second Ctrl-C did not end the server within {EXIT_BOUND} s: "
+            f"{server.still_serving()}{server.errors()}"
+        )
+        assert returncode in ALLOWED_EXITS[signal.SIGINT], f"exit {returncode}{server.errors()}"
+        assert wait_gone(server.children + running + tagged_pids(tag), 10.0) == []
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_uvicorn_force_quit_while_requests_start_children(
+    serve: Serve, tag: str, loop: str
+) -> None:
+    """The force quit lands while requests start children, and others wait in ``r.run()``.
+
+    uvicorn's force quit ends its main task with :class:`KeyboardInterrupt`
+    in the middle of a loop iteration; ``asyncio.run`` then cancels every task
+    left, among them the tasks a start had just created and that had not run
+    yet (a child's supervisor, the task that reaps it).  A task cancelled
+    before its first step runs none of its code: the children got their stop
+    signal, but nobody reaped them, and the process waited for its own tasks
+    until a third Ctrl-C.  It must end on the second, every child reaped.
+    """
+    server = serve(UVICORN, loop)
+    connections = []
+    try:
+        for path in ["/run", "/run", "/churn", "/churn", "/churn"]:
+            connection = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            connection.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+            connections.append(connection)
+        running = []
+        lines = [server._readline(START_BOUND) for _ in connections]
+        for line in lines:
+            assert line.startswith(("RUN ", "CHURN")), f"{line!r}{server.errors()}"
+            if line.startswith("RUN "):
+                running.append(int(line.split()[1]))
+        server.signal(signal.SIGINT)
+        time.sleep(0.5)  # the user's second Ctrl-C, this long after the first
+        server.signal(signal.SIGINT)  # uvicorn's force quit, while the churn goes on
         returncode = server.wait(EXIT_BOUND)
         assert returncode is not None, (
             f"the second Ctrl-C did not end the server within {EXIT_BOUND} s: "
