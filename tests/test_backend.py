@@ -16,7 +16,7 @@ import threading
 import anyio
 import pytest
 
-from corral._backend import (
+from corral._sys._backend import (
     current_loop,
     is_asyncio_main_task,
     outlast_native_cancel,

@@ -32,36 +32,32 @@ from tests.conftest import ListHandler
 from tests.test_monitor import LOOPBACK, Child, MonitorClient, monitored
 
 import corral
-from corral._collector import DEFAULT_MAX_BYTES
-from corral._logserver import MAX_REFUSALS_REPORTED
-from corral._monitor import (
-    HANDSHAKE_TIMEOUT,
-    MAX_CLIENT_MESSAGE,
-    MAX_CLIENTS,
-    MESSAGE_BYTES,
-    MIN_MESSAGE,
-    QUEUE_BYTES,
-    RECENT_BYTES,
-    RECENT_MESSAGE,
-    RECENT_RECORDS,
-    ROW_BYTES,
-    ROW_TEXT,
-    SEND_BUDGET,
-    STATE_QUEUE,
-    Monitor,
-    MonitorSink,
-    _Client,
-)
-from corral._routing import MAX_LINE
-from corral._sources import (
+from corral._logs._collector import DEFAULT_MAX_BYTES
+from corral._logs._pipes import CHUNK, STREAM_BUFFER
+from corral._logs._router import MAX_LINE
+from corral._logs._server import MAX_REFUSALS_REPORTED
+from corral._logs._sources import (
     BACKLOG_BYTES,
     BACKLOG_RECORDS,
     BACKLOG_TOTAL_BYTES,
     TAIL_BYTES,
     Source,
 )
-from corral._streams import CHUNK, STREAM_BUFFER
-from corral._wire import MAX_HELLO
+from corral._logs._wire import MAX_HELLO
+from corral._monitor._clients import (
+    MESSAGE_BYTES,
+    MIN_MESSAGE,
+    QUEUE_BYTES,
+    RECENT_BYTES,
+    RECENT_MESSAGE,
+    RECENT_RECORDS,
+    SEND_BUDGET,
+    STATE_QUEUE,
+    Client,
+    MonitorSink,
+)
+from corral._monitor._rows import ROW_BYTES, ROW_TEXT
+from corral._monitor._server import HANDSHAKE_TIMEOUT, MAX_CLIENT_MESSAGE, MAX_CLIENTS, Monitor
 
 PY = sys.executable
 PIPE = subprocess.PIPE
@@ -605,7 +601,7 @@ async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -
 # -- the monitor's queue, on its own --------------------------------------------------------------
 
 
-def _take_all(sink: MonitorSink, client: _Client) -> tuple[list[Any], int, list[int]]:
+def _take_all(sink: MonitorSink, client: Client) -> tuple[list[Any], int, list[int]]:
     """Everything waiting for ``client``: its rows, the drops it was told of, message sizes."""
     rows: list[Any] = []
     dropped = 0
@@ -624,8 +620,8 @@ def _take_all(sink: MonitorSink, client: _Client) -> tuple[list[Any], int, list[
     return rows, dropped, sizes
 
 
-def _joined(sink: MonitorSink, source: str = "*", level: int = 0) -> _Client:
-    client = _Client(source, level)
+def _joined(sink: MonitorSink, source: str = "*", level: int = 0) -> Client:
+    client = Client(source, level)
     client.state = sink.state_position()
     _, size, _ = sink.join(client)
     sink.sent(size)

@@ -40,7 +40,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.conftest import TAG_VAR, release, tagged_pids, wait_gone
 
-from corral import _cli, open_runner
+from corral import open_runner
+from corral._cli import _group, _procfile, _tail
 
 if TYPE_CHECKING:
     import _hosts
@@ -570,8 +571,8 @@ def _one_line(error: click.ClickException) -> str:
 def test_fuzz_procfile_parsing(data: bytes) -> None:
     """Any Procfile: its processes, each startable under its copies' names, or one line."""
     try:
-        processes = _cli.parse_procfile(data, "Procfile")
-    except _cli.ProcfileError as error:
+        processes = _procfile.parse_procfile(data, "Procfile")
+    except _procfile.ProcfileError as error:
         _one_line(error)
         return
     assert processes
@@ -579,7 +580,7 @@ def test_fuzz_procfile_parsing(data: bytes) -> None:
         assert "\0" not in command and "\n" not in command
         # A name the runner takes for every copy (NAME.1 to NAME.MAX_COPIES).
         assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name), name
-        assert len(f"{name}.{_cli.MAX_COPIES}") <= 100
+        assert len(f"{name}.{_group.MAX_COPIES}") <= 100
 
 
 @settings(max_examples=300, deadline=None)
@@ -587,13 +588,13 @@ def test_fuzz_procfile_parsing(data: bytes) -> None:
 def test_fuzz_env_file_parsing(data: bytes) -> None:
     """Any .env file: variables any program can be started with, or one line."""
     try:
-        env = _cli.parse_env_file(data, ".env")
-    except _cli.EnvFileError as error:
+        env = _procfile.parse_env_file(data, ".env")
+    except _procfile.EnvFileError as error:
         _one_line(error)
         return
     for key, value in env.items():
         assert key and "=" not in key and "\0" not in key + value
-        assert len(f"{key}={value}".encode()) < _cli.MAX_VARIABLE
+        assert len(f"{key}={value}".encode()) < _procfile.MAX_VARIABLE
 
 
 @settings(max_examples=300, deadline=None)
@@ -601,10 +602,10 @@ def test_fuzz_env_file_parsing(data: bytes) -> None:
 def test_fuzz_run_names(name: str) -> None:
     """``--name``: accepted only if the runner takes it, and every valid one; else one line."""
     try:
-        _cli._run_name(name)
+        _group.run_name(name)
     except click.BadParameter as error:
         _one_line(error)
-        if _cli._is_text(name):  # printable text: refused only as the runner refuses it
+        if _group.is_text(name):  # printable text: refused only as the runner refuses it
             with pytest.raises(ValueError):
                 open_runner(name=name)
     else:
@@ -618,7 +619,7 @@ def test_fuzz_run_names(name: str) -> None:
 )
 def test_fuzz_tail_urls(url: str, source: str) -> None:
     try:
-        _cli._urlsplit(url, source, 20)
+        _tail._urlsplit(url, source, 20)
     except click.BadParameter as error:
         _one_line(error)
 

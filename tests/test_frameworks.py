@@ -256,7 +256,7 @@ HELD: dict[str, set[int]] = {
     HYPERCORN_SERVE_: {signal.SIGINT},
 }
 
-CORRAL_HANDLER = "corral._signals._handle"
+CORRAL_HANDLER = "corral._core._signals._handle"
 UVICORN_HANDLER = "uvicorn.server.Server.handle_exit"
 
 

@@ -34,7 +34,7 @@ import pytest
 from tests.conftest import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
-from corral._launch import RemoteTraceback
+from corral import RemoteTraceback
 
 if TYPE_CHECKING:
     import _hosts
@@ -630,7 +630,7 @@ async def test_an_ssh_option_that_is_not_utf8_gets_ssh_s_own_message() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_too_many_workers_for_a_command_fails_before_anything_starts() -> None:
-    from corral._hosts import MAX_WORKERS_PER_HOST
+    from corral._launch._hosts import MAX_WORKERS_PER_HOST
 
     assert MAX_WORKERS_PER_HOST == 4096  # the documented maximum
     async with corral.open_runner(name="bad", console=False) as r:
@@ -966,7 +966,7 @@ def test_two_hosts_log_level_keeps_lower_records_on_the_host(
 #: workers with the same interpreter: for them it is the real one at once.)
 IMPOSTOR_THEN_AGENT = """#!{python}
 import base64, json, os, socket, sys
-from corral import _link
+from corral._launch import _link
 
 if sys.argv[1:] != ["-m", "corral._agent"]:  # the agent's workers: the real thing
     os.execv({python!r}, [{python!r}, *sys.argv[1:]])

@@ -31,7 +31,7 @@ import pytest
 from tests.conftest import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
-from corral._link import HELLO_TIMEOUT, MAX_LINK_FRAME, MAX_PENDING_HELLOS, Link, LinkLost
+from corral._launch._link import HELLO_TIMEOUT, MAX_LINK_FRAME, MAX_PENDING_HELLOS, Link, LinkLost
 
 if TYPE_CHECKING:
     import _hosts
@@ -555,7 +555,7 @@ async def test_a_host_that_accepts_and_never_speaks_is_launch_error(tag: str) ->
 #: ``{how}`` says, and then lives on until its stdin closes (the ssh session ends).
 STALLING_AGENT = r"""#!{python}
 import base64, json, os, socket, subprocess, sys
-from corral import _link
+from corral._launch import _link
 
 raw = sys.stdin.buffer.readline()
 cfg = json.loads(base64.b64decode(raw))

@@ -229,8 +229,8 @@ async def test_handler_errors_do_not_stop_delivery(capfd: pytest.CaptureFixture[
 
 
 def test_log_files_cap_open_descriptors(tmp_path: Path) -> None:
-    from corral._records import make_record
-    from corral._routing import LogFiles
+    from corral._logs._records import make_record
+    from corral._logs._sinks import LogFiles
 
     files = LogFiles(tmp_path, max_open=3)
     before = len(os.listdir("/proc/self/fd"))

@@ -4,7 +4,7 @@ Every test goes through the public runner API (``open_runner``, ``Runner.start``
 ``Runner.run``, ``Process``): children call ``corral.child.connect()`` and their records
 reach the runner's handlers.  Where a test needs a raw connection of its own (bad bytes, a
 wrong hello), it reads the socket's path and secret from a child's environment and writes
-frames made with ``corral._wire.encode``.  Warnings about connections are WARNING records of
+frames made with ``corral._logs._wire.encode``.  Warnings about connections are WARNING records of
 the runner's own source (``corral_source == "corral"``).
 """
 
@@ -32,8 +32,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from tests.conftest import TAG_VAR, ListHandler, group_members, wait_gone
 
 import corral
-from corral._collector import DEFAULT_MAX_BYTES
-from corral._wire import MAX_FRAME, PROTOCOL_VERSION, Hello, Record, encode
+from corral._logs._collector import DEFAULT_MAX_BYTES
+from corral._logs._wire import MAX_FRAME, PROTOCOL_VERSION, Hello, Record, encode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -885,7 +885,7 @@ FD_LIMIT_SCRIPT = """
 import logging, os, resource, socket, subprocess, sys, threading, time
 import anyio, anyio.to_thread
 import corral
-from corral._wire import PROTOCOL_VERSION, Hello, Record, encode
+from corral._logs._wire import PROTOCOL_VERSION, Hello, Record, encode
 
 class Catch(logging.Handler):
     def __init__(self):
@@ -1021,7 +1021,7 @@ async def test_a_daemon_logging_on_is_cut_after_the_linger_deadline(
     record.write_bytes(encode(Record(time.time(), logging.INFO, "INFO", "sh", "tick")))
     code = f"""
         import socket, subprocess
-        from corral._wire import PROTOCOL_VERSION, Hello, encode
+        from corral._logs._wire import PROTOCOL_VERSION, Hello, encode
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(os.environ["CORRAL_LOG_SOCKET"])
         sock.sendall(encode(Hello(

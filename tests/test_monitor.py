@@ -46,7 +46,8 @@ from websockets.http11 import Response
 from websockets.uri import parse_uri
 
 import corral
-from corral._monitor import CLIENT_QUEUE, parse_address
+from corral._monitor._clients import CLIENT_QUEUE
+from corral._monitor._server import parse_address
 
 pytestmark = pytest.mark.anyio
 
@@ -742,7 +743,7 @@ async def test_the_page_is_one_self_contained_file() -> None:
     assert headers["content-type"] == "text/html; charset=utf-8"
     assert int(headers["content-length"]) == len(body)
     page = body.decode()
-    assert page == (ROOT / "src" / "corral" / "_monitor_page.html").read_text()
+    assert page == (ROOT / "src" / "corral" / "_monitor" / "page.html").read_text()
     # Nothing fetched from anywhere: no external script, style, font or image.
     assert not re.search(r"\b(src|href)\s*=", page), "the page loads something"
     assert not re.search(r"@import|url\(|https?://", page), "the page refers to another site"
@@ -1305,7 +1306,7 @@ def fake_monitor(first: bytes) -> Iterator[str]:
 
 @pytest.mark.timeout(30)
 def test_tail_refuses_a_message_above_its_bound_with_one_line() -> None:
-    bound = 4 * 2**20  # the documented bound, corral._cli.MAX_TAIL_MESSAGE
+    bound = 4 * 2**20  # the documented bound, corral._cli._tail.MAX_TAIL_MESSAGE
     # Within the bound (a first message of every process can be large): taken.
     big = b'{"type":"hello","pad":"' + b"x" * (bound - 100) + b'"}'
     with fake_monitor(big) as url:

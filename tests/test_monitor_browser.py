@@ -37,7 +37,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOT = ROOT / "docs" / "_static" / "monitor.png"
-PAGE = ROOT / "src" / "corral" / "_monitor_page.html"
+PAGE = ROOT / "src" / "corral" / "_monitor" / "page.html"
 
 # Colours of the page's palette (as the console's: cyan, yellow, green, ...).
 YELLOW = "rgb(229, 229, 16)"

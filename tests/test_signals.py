@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import TAG_VAR, tagged_pids, wait_gone
 
 import corral
-from corral import _signals
+from corral._core import _signals
 
 PY = sys.executable
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from corral._wire import (
+from corral._logs._wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
     FrameDecoder,

@@ -58,32 +58,32 @@ __all__ = [
 
 # Where each public name lives.
 _HOMES = {
-    "DEVNULL": "_stdio",
-    "LOG": "_stdio",
-    "PIPE": "_stdio",
-    "STDOUT": "_stdio",
+    "DEVNULL": "_core._stdio",
+    "LOG": "_core._stdio",
+    "PIPE": "_core._stdio",
+    "STDOUT": "_core._stdio",
     "STDERR_TAIL_BYTES": "_errors",
-    "CompletedProcess": "_process",
-    "DEFAULT_ENV_PATTERNS": "_hosts",
-    "SSH": "_hosts",
-    "LaunchError": "_launch",
-    "LaunchResult": "_launch",
-    "RemoteTraceback": "_launch",
-    "WorkerFailed": "_launch",
-    "ConsoleHandler": "_routing",
+    "CompletedProcess": "_results",
+    "DEFAULT_ENV_PATTERNS": "_launch._hosts",
+    "SSH": "_launch._hosts",
+    "LaunchError": "_errors",
+    "LaunchResult": "_results",
+    "RemoteTraceback": "_errors",
+    "WorkerFailed": "_errors",
+    "ConsoleHandler": "_logs._console",
     "CorralError": "_errors",
     "HandshakeError": "_errors",
-    "LogTail": "_sources",
-    "LoopToken": "_token",
-    "Process": "_process",
+    "LogTail": "_logs._sources",
+    "LoopToken": "_core._token",
+    "Process": "_core._process",
     "ProcessFailed": "_errors",
     "ResourceLimitError": "_errors",
-    "Route": "_routing",
-    "Runner": "_runner",
+    "Route": "_logs._router",
+    "Runner": "_core._runner",
     "Signalled": "_errors",
     "StartupFailed": "_errors",
     "WrongLoopError": "_errors",
-    "open_runner": "_runner",
+    "open_runner": "_core._runner",
     "SyncLogTail": "_sync",
     "SyncProcess": "_sync",
     "SyncRunner": "_sync",
@@ -106,22 +106,26 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from ._core._process import Process
+    from ._core._runner import Runner, open_runner
+    from ._core._stdio import DEVNULL, LOG, PIPE, STDOUT
+    from ._core._token import LoopToken
     from ._errors import (
         STDERR_TAIL_BYTES,
         CorralError,
         HandshakeError,
+        LaunchError,
         ProcessFailed,
+        RemoteTraceback,
         ResourceLimitError,
         Signalled,
         StartupFailed,
+        WorkerFailed,
         WrongLoopError,
     )
-    from ._hosts import DEFAULT_ENV_PATTERNS, SSH
-    from ._launch import LaunchError, LaunchResult, RemoteTraceback, WorkerFailed
-    from ._process import CompletedProcess, Process
-    from ._routing import ConsoleHandler, Route
-    from ._runner import Runner, open_runner
-    from ._sources import LogTail
-    from ._stdio import DEVNULL, LOG, PIPE, STDOUT
+    from ._launch._hosts import DEFAULT_ENV_PATTERNS, SSH
+    from ._logs._console import ConsoleHandler
+    from ._logs._router import Route
+    from ._logs._sources import LogTail
+    from ._results import CompletedProcess, LaunchResult
     from ._sync import SyncLogTail, SyncProcess, SyncRunner, launch, open_runner_sync
-    from ._token import LoopToken

@@ -19,11 +19,15 @@ from collections.abc import Sequence
 __all__ = [
     "CorralError",
     "HandshakeError",
+    "LaunchError",
     "StartupFailed",
     "ProcessFailed",
+    "RemoteTraceback",
     "ResourceLimitError",
     "Signalled",
+    "WorkerFailed",
     "WrongLoopError",
+    "signal_name",
 ]
 
 #: How much of a failed child's stderr a :class:`ProcessFailed` keeps.
@@ -34,7 +38,8 @@ class CorralError(Exception):
     """Base class of the errors that are corral's own."""
 
 
-def _signal_name(signum: int) -> str:
+def signal_name(signum: int) -> str:
+    """``"SIGTERM"`` for 15; ``"signal 99"`` for a number that names no signal."""
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -109,7 +114,7 @@ class ProcessFailed(subprocess.CalledProcessError, CorralError):
     def reason(self) -> str:
         """``"exited with code 3"`` or ``"was killed by SIGKILL"``."""
         if self.returncode < 0:
-            return f"was killed by {_signal_name(-self.returncode)}"
+            return f"was killed by {signal_name(-self.returncode)}"
         return f"exited with code {self.returncode}"
 
     def __str__(self) -> str:
@@ -209,3 +214,108 @@ class Signalled(BaseException):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Signalled, (int(self.signal),))
+
+
+class LaunchError(CorralError):
+    """A launch could not start, or lost a host: the message names the host and says why.
+
+    Raised when an agent does not come up — its command (ssh, srun) exited
+    first (the message carries what it wrote on stderr), or it was not
+    connected back and ready within ``start_timeout`` — and when the link to
+    a running agent is lost: closed, broken, or silent for ``link_timeout``
+    seconds (a cut cable, a host that died).  Every other host's workers were
+    stopped first.
+    """
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, as text (its ``__cause__``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text.rstrip()
+
+
+class WorkerFailed(CorralError):
+    """A worker of a launch failed and its exception could not be rebuilt here, or it died.
+
+    Attributes:
+        rank: the worker's global rank.
+        host: the host it ran on.
+        local_rank: its rank on that host.
+        exc_type: the dotted name of the exception it raised (``None`` if it died
+            without one).
+        returncode: its exit code, or ``-signum`` (``None`` if it raised).
+        signal: the signal that killed it, if one did.
+        stderr: the last bytes it wrote to stderr.
+        remote_traceback: the traceback of its exception, as text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        host: str,
+        local_rank: int,
+        exc_type: str | None = None,
+        returncode: int | None = None,
+        stderr: bytes = b"",
+        remote_traceback: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.host = host
+        self.local_rank = local_rank
+        self.exc_type = exc_type
+        self.returncode = returncode
+        self.stderr = stderr
+        self.remote_traceback = remote_traceback
+        self.signal = None
+        if returncode is not None and returncode < 0:
+            import signal
+
+            try:
+                self.signal = signal.Signals(-returncode)
+            except ValueError:
+                pass
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_worker_failed,
+            (
+                self.args[0],
+                self.rank,
+                self.host,
+                self.local_rank,
+                self.exc_type,
+                self.returncode,
+                self.stderr,
+                self.remote_traceback,
+            ),
+        )
+
+
+def _rebuild_worker_failed(
+    message: str,
+    rank: int,
+    host: str,
+    local_rank: int,
+    exc_type: str | None,
+    returncode: int | None,
+    stderr: bytes,
+    remote_traceback: str,
+) -> WorkerFailed:
+    return WorkerFailed(
+        message,
+        rank=rank,
+        host=host,
+        local_rank=local_rank,
+        exc_type=exc_type,
+        returncode=returncode,
+        stderr=stderr,
+        remote_traceback=remote_traceback,
+    )

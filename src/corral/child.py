@@ -19,10 +19,10 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any
 
-from . import _childenv
+from ._sys import _childenv
 
 if TYPE_CHECKING:
-    from ._child_logging import CorralLogHandler
+    from ._logs._child_logging import CorralLogHandler
 
 __all__ = ["CorralLogHandler", "connect", "started"]
 
@@ -51,14 +51,14 @@ def connect(
     """
     if not os.environ.get(_childenv.LOG_SOCKET) or _childenv.LOG_SECRET not in os.environ:
         return None
-    from ._child_logging import connect as connect_now
+    from ._logs._child_logging import connect as connect_now
 
     return connect_now(level, logger=logger, stacklevel=3)
 
 
 def __getattr__(name: str) -> Any:
     if name == "CorralLogHandler":
-        from ._child_logging import CorralLogHandler
+        from ._logs._child_logging import CorralLogHandler
 
         return CorralLogHandler
     raise AttributeError(f"module 'corral.child' has no attribute {name!r}")

@@ -1,0 +1,193 @@
+"""The ``corral`` command group, and what its commands share: options, names, output."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from .._launch._hosts import MAX_WORKERS_PER_HOST
+from ._io import shorten
+
+__all__ = [
+    "CONTEXT",
+    "MAX_COPIES",
+    "Output",
+    "cli",
+    "is_text",
+    "output_options",
+    "run_name",
+    "text_option",
+]
+
+_EXAMPLES = """
+\b
+Examples:
+  corral run -n 4 -- python train.py     (4 workers, torchrun's environment)
+  corral up                              (the processes of ./Procfile)
+  corral tail 'http://127.0.0.1:8765/?token=...'
+"""
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT, epilog=_EXAMPLES)
+@click.version_option(None, "-V", "--version", package_name="corral", message="corral %(version)s")
+def cli() -> None:
+    """Run processes the structured way: N workers of a command, or a Procfile.
+
+    Every line the processes write is shown with its source (coloured on a
+    terminal), optionally kept in a log folder, with a live status table
+    under it.  Ctrl-C stops every process (and every process it started) at
+    once; nothing outlives the command.
+    """
+
+
+# -- shared options ----------------------------------------------------------------------------
+
+#: What a run's name may not contain: it begins every source's name, where a
+#: dot separates the parts, and names a folder under ``--log-dir``.
+_BAD_NAME = re.compile(r"[\s/\\.\0]")
+
+
+#: The most copies of a command on one host (``-n``) or of a Procfile's process
+#: (``-c``): the library's maximum of workers on a host.
+MAX_COPIES = MAX_WORKERS_PER_HOST
+
+
+def _grace(value: float) -> float:
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", param_hint="--grace")
+    return value
+
+
+def check_link_timeout(value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(
+            f"{value} is not a positive number of seconds", param_hint="--link-timeout"
+        )
+    return value
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` is printable UTF-8 text (an argument of bytes that are not is not)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return value.isprintable()
+
+
+def text_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A click callback: the value (or each value) must be printable UTF-8 text.
+
+    Host names, ssh options and URLs end up in programs that print them
+    back, and in messages; bytes that are not text have no business there.
+    """
+    for item in value if isinstance(value, tuple) else [value]:
+        if item is not None and not is_text(item):
+            raise click.BadParameter(f"{shorten(item)} is not printable UTF-8 text")
+    return value
+
+
+def run_name(value: str) -> str:
+    from .._core._runner import MAX_NAME
+
+    if not value or len(value) > MAX_NAME or _BAD_NAME.search(value) or not is_text(value):
+        raise click.BadParameter(
+            f"{shorten(value)} is not a run name: 1-{MAX_NAME} printable characters, "
+            "without spaces, dots or slashes",
+            param_hint="--name",
+        )
+    return value
+
+
+@dataclass
+class Output:
+    log_dir: str | None
+    prefix: bool
+    colour: bool | None
+    status: bool
+    monitor: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        log_dir: str | None,
+        no_prefix: bool,
+        no_color: bool,
+        no_status: bool,
+        monitor: str | None,
+    ) -> Output:
+        """From the shared options, as click gives them."""
+        colour = False if no_color else None
+        if log_dir is not None:
+            try:
+                os.makedirs(log_dir, exist_ok=True)
+            except OSError as exc:
+                raise click.BadParameter(
+                    f"cannot make the folder {shorten(log_dir)}: {exc.strerror or exc}",
+                    param_hint="--log-dir",
+                ) from None
+        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor))
+
+
+def output_options(func: Any) -> Any:
+    for option in reversed(
+        [
+            click.option(
+                "--log-dir",
+                type=click.Path(file_okay=False),
+                help="Also write every line to files in a timestamped folder under this one.",
+            ),
+            click.option("--no-prefix", is_flag=True, help="Show the lines as they are."),
+            click.option("--no-color", is_flag=True, help="No colours, even on a terminal."),
+            click.option("--no-status", is_flag=True, help="No live status table under the lines."),
+            click.option(
+                "--grace",
+                type=click.FloatRange(min=0),
+                default=5.0,
+                callback=lambda _ctx, _param, value: _grace(value),
+                show_default=True,
+                help="Seconds between the stop signal and SIGKILL.",
+            ),
+            click.option(
+                "--monitor",
+                metavar="HOST:PORT",
+                help="Serve a live monitor (a page and a WebSocket) here, e.g. 127.0.0.1:0.",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def _monitor(address: str | None) -> str | None:
+    if address is None:
+        return None
+    from .._monitor._server import parse_address
+
+    try:
+        host, port = parse_address(address)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--monitor") from None
+    # An address this machine does not have, or a port in use, is a bad
+    # argument: say so now rather than once the processes run.
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(where)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise click.BadParameter(
+            f"cannot listen on {shorten(address)}: {reason}", param_hint="--monitor"
+        ) from None
+    return address

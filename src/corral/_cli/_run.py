@@ -1,0 +1,204 @@
+"""``corral run``: N copies of a command per host, as torchrun runs them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import click
+
+from .._launch._hosts import MAX_WORKERS
+from .._launch._options import DEFAULT_LINK_TIMEOUT
+from ._group import (
+    CONTEXT,
+    MAX_COPIES,
+    Output,
+    check_link_timeout,
+    output_options,
+    run_name,
+    text_option,
+)
+from ._io import exit_code
+from ._loop import Status, main_loop
+
+__all__ = ["run"]
+
+_EXAMPLES_RUN = """
+\b
+Examples:
+  corral run -n 4 -- python train.py --epochs 3
+  corral run -n 8 --hosts node1,node2 -- python train.py
+  corral run --hosts slurm -- python train.py        (inside salloc/sbatch)
+  corral run -n 2 --restart on-failure --max-restarts 3 -- ./worker.sh
+"""
+
+
+@click.command(
+    context_settings={**CONTEXT, "allow_interspersed_args": False},
+    epilog=_EXAMPLES_RUN,
+)
+@click.option(
+    "-n",
+    "--nproc-per-node",
+    "nproc",
+    type=click.IntRange(min=1, max=MAX_COPIES),
+    default=None,
+    help="Copies of the command on each host (default: 1, or the tasks per node of "
+    f"the Slurm allocation with --hosts slurm; at most {MAX_COPIES}).",
+)
+@click.option(
+    "--hosts",
+    metavar="H1,H2|slurm",
+    callback=text_option,
+    help="Run on these hosts over ssh, or on the Slurm allocation's nodes.",
+)
+@click.option(
+    "--name",
+    default="run",
+    show_default=True,
+    callback=lambda _ctx, _param, value: run_name(value),
+    help="The name of the run (it starts every source's name; no dots, spaces or slashes).",
+)
+@click.option(
+    "--restart",
+    type=click.Choice(["never", "on-failure"]),
+    default="never",
+    show_default=True,
+    help="Restart the whole group of workers when one fails, as torchrun does.",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Restarts allowed with --restart on-failure.",
+)
+@click.option(
+    "--link-timeout",
+    metavar="SECONDS",
+    type=float,
+    default=DEFAULT_LINK_TIMEOUT,
+    callback=lambda _ctx, _param, value: check_link_timeout(value),
+    show_default=True,
+    help="With --hosts: a host whose link stays silent this long counts as lost "
+    "(its workers are stopped, the run fails).",
+)
+@click.option("--ssh-user", callback=text_option, help="The remote user for --hosts.")
+@click.option(
+    "--ssh-identity",
+    type=click.Path(dir_okay=False),
+    callback=text_option,
+    help="An ssh private key.",
+)
+@click.option(
+    "--ssh-option",
+    multiple=True,
+    metavar="OPTION",
+    callback=text_option,
+    help="An extra ssh argument (repeatable).",
+)
+@output_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(
+    nproc: int | None,
+    hosts: str | None,
+    name: str,
+    restart: str,
+    max_restarts: int,
+    link_timeout: float,
+    ssh_user: str | None,
+    ssh_identity: str | None,
+    ssh_option: tuple[str, ...],
+    log_dir: str | None,
+    no_prefix: bool,
+    no_color: bool,
+    no_status: bool,
+    grace: float,
+    monitor: str | None,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND NPROC times per host, as torchrun would, and show every line.
+
+    Each copy gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+    MASTER_ADDR and MASTER_PORT.  The exit code is 0 when every copy
+    succeeded, otherwise the first failure's (128 + N for a signal N); 130
+    after Ctrl-C.  Put the command after "--" (or after the options).
+    """
+    host_list: list[str] | str | None = None
+    if hosts is not None:
+        host_list = "slurm" if hosts == "slurm" else [h for h in hosts.split(",") if h]
+        if not host_list:
+            raise click.BadParameter("give at least one host", param_hint="--hosts")
+        if host_list != "slurm" and (nproc or 1) * len(host_list) > MAX_WORKERS:
+            raise click.BadParameter(
+                f"at most {MAX_WORKERS} copies in all, not {(nproc or 1) * len(host_list)}",
+                param_hint="--hosts",
+            )
+    from .._launch._hosts import SSH, slurm_hosts
+
+    ssh = SSH(user=ssh_user, identity_file=ssh_identity, options=tuple(ssh_option))
+    if host_list is not None and host_list != "slurm":
+        try:
+            ssh.check()
+        except (OSError, ValueError, TypeError) as exc:
+            hint = "--ssh-identity" if ssh_identity and str(ssh_identity) in str(exc) else None
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+    if host_list == "slurm":
+        try:
+            slurm_hosts()
+        except (RuntimeError, OSError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--hosts") from None
+    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor)
+    job = _RunJob(list(command), nproc, host_list, ssh, restart, max_restarts, grace, link_timeout)
+    main_loop(name, output, job)
+
+
+@dataclass
+class _RunJob:
+    argv: list[str]
+    nproc: int | None
+    hosts: list[str] | str | None
+    ssh: Any
+    restart: str
+    max_restarts: int
+    grace: float
+    link_timeout: float
+
+    @property
+    def programs(self) -> list[str]:
+        """The programs the job starts."""
+        return self.argv[:1]
+
+    async def __call__(self, r: Any, status: Status) -> int:
+        import corral
+
+        from .._core._process import RestartPolicy
+
+        attempt = 0
+        while True:
+            try:
+                await r.launch_command(
+                    self.argv,
+                    hosts=self.hosts,
+                    workers_per_host=self.nproc,
+                    ssh=self.ssh,
+                    grace=self.grace,
+                    link_timeout=self.link_timeout,
+                )
+                return 0
+            except corral.WorkerFailed as failure:
+                if self.restart != "on-failure" or attempt >= self.max_restarts:
+                    r._hub.log(logging.ERROR, str(failure).split("\n", 1)[0])
+                    return exit_code(failure.returncode if failure.returncode is not None else 1)
+                attempt += 1
+                status.restarts = attempt
+                # The library's policy: 1 s doubled each time, with jitter, at most 30 s.
+                delay = RestartPolicy("on-failure", self.max_restarts).delay(attempt)
+                r._hub.log(
+                    logging.WARNING,
+                    f"restarting the worker group in {delay:.2f} s (restart {attempt} of "
+                    f"{self.max_restarts}): {failure}",
+                )
+                await anyio.sleep(delay)

@@ -1,0 +1,1005 @@
+"""The runner: a scope that owns child processes, the way a nursery owns tasks.
+
+:func:`open_runner` returns a :class:`Runner`; entering it opens a task
+group, and everything the runner does in the background — supervising each
+child, serving its log socket, handing output to the log handlers, watching
+the lifeline — runs as a task in that group.  Nothing is spawned as a bare
+task, so a failure anywhere has exactly one way out: up through the
+``async with``.
+
+The rules follow from that:
+
+* The end of the block waits for every child to exit, as a nursery waits
+  for its tasks.
+* A child started with ``check=True`` that fails makes the group cancel
+  everything else; each sibling is stopped (stop signal to its process
+  group, up to ``grace`` seconds, then SIGKILL), and the ``async with``
+  raises :class:`ProcessFailed` inside an :class:`ExceptionGroup`.
+* :meth:`Runner.cancel`, an exception in the body, or the cancellation of
+  any enclosing scope (``asyncio.run`` cancelling every task at its end
+  included) stops every child the same way.  Only "signal, grace, SIGKILL,
+  reap" is shielded from cancellation; everything else the exit waits for
+  (log connections, the log handlers) has a deadline.
+* A lifeline process (see :mod:`corral._core._lifeline`) kills every child's
+  group if the launcher itself dies without a chance to clean up.
+* Signals the application does not hold are forwarded to every child at
+  once (see :mod:`corral._core._signals`).
+
+Runners keep no global state: several may be open at once, nested in one
+another or in the application's own task groups, on either backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Collection, Mapping, Sequence
+from types import TracebackType
+from typing import IO, Any, TypeVar
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from .._checks import check_grace, check_signal
+from .._launch import _launcher
+from .._launch._hosts import SSH
+from .._launch._options import DEFAULT_LINK_TIMEOUT, DEFAULT_START_TIMEOUT
+from .._logs._hub import LogHub
+from .._logs._router import Route
+from .._monitor._clients import MonitorSink
+from .._monitor._serve import serve as serve_monitor
+from .._monitor._server import Monitor
+from .._results import CompletedProcess, LaunchResult
+from .._sys import _backend, _platform
+from . import _signals
+from ._lifeline import Lifeline
+from ._process import Process, ProcessServices, Restart, RestartPolicy
+from ._spawn import Spawner, SpawnSpec, describe_argv
+from ._stdio import DEVNULL, LOG, PIPE, LogOption
+from ._token import LoopToken
+
+__all__ = ["Runner", "open_runner"]
+
+T = TypeVar("T")
+
+StrOrPath = str | os.PathLike[str]
+Output = LogOption | int | IO[Any] | None
+Input = int | IO[Any] | None
+
+#: The longest name a runner or process may have.
+MAX_NAME = 100
+
+_NAME_OK = re.compile(r"[^\s/\\\0]+")
+_NAME_BAD_CHARS = re.compile(r"[\s/\\\0]+")
+
+
+class Runner:
+    """A scope that owns child processes.  Create it with :func:`open_runner`.
+
+    Inside ``async with``, :meth:`start` and :meth:`run` spawn children;
+    leaving the block waits for them (or stops them, on error or
+    cancellation).  A runner belongs to the event loop it was entered in;
+    its methods raise :class:`WrongLoopError` when called from anywhere
+    else.  Use :attr:`token` to reach it from another thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "corral",
+        grace: float = 5.0,
+        stop_signal: int = signal.SIGTERM,
+        console: bool = True,
+        handlers: Sequence[logging.Handler | Route] = (),
+        log_dir: StrOrPath | None = None,
+        propagate: bool = False,
+        handle_signals: bool | None = None,
+        monitor: str | bool | None = None,
+    ) -> None:
+        _check_name(name, "runner")
+        if "." in name:
+            raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
+        self._name = name
+        self._grace = check_grace(grace)
+        self._stop_signal = check_signal(stop_signal)
+        if handle_signals not in (None, True, False):
+            raise TypeError("handle_signals must be None, True or False")
+        if isinstance(handlers, (logging.Handler, Route)):
+            handlers = [handlers]
+        routes = []
+        for handler in handlers:
+            if isinstance(handler, Route):
+                routes.append(handler)
+            elif isinstance(handler, logging.Handler):
+                routes.append(Route(handler))
+            else:
+                raise TypeError(f"handlers: {handler!r} is neither a logging.Handler nor a Route")
+        self._monitor: Monitor | None = None
+        if monitor is not None and monitor is not False:
+            self._monitor = Monitor(monitor, name)
+            routes.append(Route(MonitorSink(self._monitor)))
+        self._hub = LogHub(
+            name,
+            routes=routes,
+            console=bool(console),
+            log_dir=os.fspath(log_dir) if log_dir is not None else None,
+            propagate=bool(propagate),
+        )
+        self._lifeline = Lifeline(on_error=self._lifeline_error)
+        self._handle_signals = handle_signals
+        self._token: LoopToken | None = None
+        self._tg: TaskGroup | None = None
+        self._live: dict[str, Process] = {}
+        self._entered = False
+        self._closing = False
+        self._aborted = False
+        self._children_done = anyio.Event()
+        self._name_counters: dict[str, int] = {}
+        self._signals: _signals.Subscription | None = None
+        self._signal_pending = False
+        self._observers: list[Callable[[Process, str], None]] = []
+        self._services: ProcessServices | None = None
+        self._host_hold: _backend.HostHold | None = None
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The runner's name, the first part of every log source it produces."""
+        return self._name
+
+    @property
+    def grace(self) -> float:
+        """Default seconds between the stop signal and SIGKILL."""
+        return self._grace
+
+    @property
+    def token(self) -> LoopToken:
+        """The :class:`LoopToken` of the loop this runner belongs to (captured on entry)."""
+        if self._token is None:
+            raise RuntimeError("the runner has not been entered yet (use 'async with')")
+        return self._token
+
+    @property
+    def log_path(self) -> str | None:
+        """The folder of this run's log files (with ``log_dir=``), created on entry."""
+        return self._hub.log_path
+
+    @property
+    def monitor_url(self) -> str | None:
+        """``http://HOST:PORT/?token=...``, the monitor's page (with ``monitor=``), once entered.
+
+        The same address with ``ws://`` is its WebSocket endpoint; see
+        :doc:`howto/monitor`.
+        """
+        if self._monitor is None or not self._monitor.ready.is_set() or self._monitor.error:
+            return None
+        return self._monitor.url
+
+    @property
+    def processes(self) -> tuple[Process, ...]:
+        """The children that are running now, in the order they were started."""
+        return tuple(self._live.values())
+
+    def __repr__(self) -> str:
+        return f"<corral.Runner {self._name!r} with {len(self._live)} running>"
+
+    # -- scope ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Runner:
+        if self._entered:
+            raise RuntimeError("a Runner can be entered only once; call open_runner() again")
+        self._entered = True
+        _platform.require_pidfd()
+        token = LoopToken.current()
+        if token.backend == "trio":
+            _backend.protect_on_trio(_internal_modules())
+        self._token = token
+        hub = self._hub
+        entered: list[str] = []
+        try:
+            entered.append("hub")
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(hub.prepare)
+            self._lifeline.start()
+            entered.append("lifeline")
+            self._lifeline.add_folder(hub.server.folder)
+            self._signals = _signals.subscribe(
+                self._name, self._handle_signals, token.loop, self._on_signal, self._abort
+            )
+            entered.append("signals")
+            spawner = Spawner(self._name, self._lifeline, hub.log, lambda: len(self._live))
+            tg = anyio.create_task_group()
+            await tg.__aenter__()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._undo_entry(entered)
+            raise
+        self._tg = tg
+        self._services = ProcessServices(
+            token=token,
+            runner_name=self._name,
+            hub=hub,
+            spawner=spawner,
+            lifeline_remove=self._lifeline.remove,
+            signals=self._signals,
+            on_exit=self._process_exited,
+            on_event=self._process_event,
+            open_streams=set(),
+        )
+        # Each service must run, or the exit waits for it forever (the
+        # collector's hand-over, the log server's end, the monitor's): they
+        # are started surely, all of them even if a native cancellation
+        # (Ctrl-C under asyncio.run, its end) comes meanwhile.  Then the
+        # runner leaves as a block cancelled at once would, and the
+        # cancellation goes on.
+        services: list[_backend.SureTask] = [
+            (hub.collector.run, (), f"corral log collector {self._name}"),
+            (hub.serve, (self._children_done,), f"corral log server {self._name}"),
+            (self._lifeline.watch, (self._children_done,), f"corral lifeline {self._name}"),
+        ]
+        if self._monitor is not None:
+            self._observers.append(self._monitor.process_event)
+            self._monitor.set_log_path(hub.log_path)
+            services.append((self._serve_monitor, (self._monitor,), f"corral monitor {self._name}"))
+        try:
+            await _backend.start_surely(tg, *services)
+        except BaseException as exc:
+            await self._leave_entry(exc)
+            raise
+        if self._monitor is not None:
+            await self._monitor_listens(self._monitor)
+            hub.log(logging.INFO, f"monitor at {self._monitor.url}")
+        # In Trio's guest mode on asyncio: stop in order when the host ends.
+        self._host_hold = _backend.hold_asyncio_host(token.loop, self._on_host_ending)
+        if self._signal_pending:
+            tg.cancel_scope.cancel()  # a signal arrived while we were entering
+        return self
+
+    async def _leave_entry(self, exc: BaseException) -> None:
+        """Exit the runner as a block that started nothing would, on the way out with ``exc``."""
+        try:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+        except BaseException as teardown:
+            if teardown is not exc:
+                raise
+
+    async def _monitor_listens(self, monitor: Monitor) -> None:
+        """Wait (within the monitor's ``LISTEN_TIMEOUT``) until the monitor listens.
+
+        If it cannot, or the wait is cancelled (Ctrl-C), the runner is exited
+        as a block that started nothing would be, and the monitor's error (or
+        the cancellation) raised.
+        """
+        try:
+            await monitor.ready.wait()
+        except BaseException as exc:
+            await self._leave_entry(exc)
+            raise
+        if monitor.error is not None:
+            await self.__aexit__(None, None, None)
+            raise monitor.error
+
+    async def _serve_monitor(self, monitor: Monitor) -> None:
+        """The monitor's life: from entry until every child is gone (then "end")."""
+        assert self._token is not None
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+
+                async def end_with_the_children() -> None:
+                    await self._children_done.wait()
+                    # Their last lines may still be on their way to the sinks,
+                    # the monitor's among them: let them arrive first (bounded,
+                    # like the log service's own wait for a stuck handler).
+                    with anyio.move_on_after(10):
+                        await self._hub.delivered(self._hub.collector.mark())
+                    monitor.end()
+
+                await _backend.start_surely(
+                    tg, (end_with_the_children, (), f"corral monitor end {self._name}")
+                )
+                await serve_monitor(monitor, self._token.loop)
+
+    async def _undo_entry(self, entered: list[str]) -> None:
+        if "signals" in entered and self._signals is not None:
+            try:
+                self._signals.close(None)
+            except BaseException:
+                pass  # we are failing anyway; the signal's meaning is lost only if it came now
+            self._signals = None
+        if "lifeline" in entered:
+            await self._lifeline.aclose()
+        if "hub" in entered:
+            await self._hub.abandon()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._tg is not None
+        self._closing = True
+        if not self._live:
+            self._children_done.set()
+        error: BaseException | None = None
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseException as caught:
+            error = caught
+            raise
+        finally:
+            try:
+                if self._signals is not None:
+                    # Raises KeyboardInterrupt or Signalled if a signal stopped us.
+                    self._signals.close(error)
+            finally:
+                del error
+                with anyio.CancelScope(shield=True):
+                    await self._lifeline.aclose()
+                    with anyio.move_on_after(10):
+                        await anyio.to_thread.run_sync(
+                            self._hub.close_blocking, abandon_on_cancel=True
+                        )
+                for source in self._hub.sources():
+                    source.end()
+                if self._services is not None:
+                    # Pipes handed out as streams and not closed by their users:
+                    # every child has exited, nobody can wait on them any more.
+                    for stream in list(self._services.open_streams):
+                        stream.close()
+                if self._host_hold is not None:
+                    self._host_hold.release()
+                if self._signals is not None:
+                    # A signal nobody held before ends the process now, as it
+                    # would have without corral (see corral._core._signals).
+                    self._signals.finish()
+
+    def cancel(self) -> None:
+        """Cancel the runner's scope: stop every child and end the ``async with`` block.
+
+        Like cancelling a nursery's cancel scope, this also cancels the body
+        of the block; the block then exits without an error.
+        """
+        self.token.check("Runner.cancel")
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+
+    def _on_signal(self) -> None:
+        """On the loop, soon after a signal the runner holds: cancel its scope."""
+        self._signal_pending = True
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    def _abort(self) -> None:
+        """On the loop, after a second signal: stop waiting for anything but the reaping."""
+        self._aborted = True
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        self._hub.abort()
+
+    def _on_host_ending(self) -> None:
+        """On the loop, when the asyncio host of this Trio guest run is ending."""
+        if self._tg is not None and not self._tg.cancel_scope.cancel_called:
+            self._hub.log(logging.INFO, "the host event loop is ending: stopping every child")
+            self._tg.cancel_scope.cancel()
+
+    def _lifeline_error(self, message: str) -> None:
+        self._hub.log(logging.ERROR, message)
+
+    # -- starting ---------------------------------------------------------------------
+
+    async def start(
+        self,
+        argv: Sequence[StrOrPath],
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
+        cwd: StrOrPath | None = None,
+        check: bool = True,
+        grace: float | None = None,
+        stop_signal: int | None = None,
+        stdin: Input = DEVNULL,
+        stdout: Output = LOG,
+        stderr: Output = LOG,
+        pass_fds: Collection[int] = (),
+        start_new_session: bool = False,
+        user: str | int | None = None,
+        group: str | int | None = None,
+        extra_groups: Collection[str | int] | None = None,
+        umask: int = -1,
+        wait_started: bool = False,
+        start_timeout: float | None = None,
+        restart: Restart = "never",
+        max_restarts: int = 3,
+        backoff: float = 1.0,
+    ) -> Process:
+        """Spawn ``argv`` as a managed child and return its :class:`Process` once it runs.
+
+        The keywords that :mod:`subprocess` and :func:`anyio.open_process`
+        have mean what they mean there; see :doc:`howto/subprocess` for a
+        table.
+
+        Args:
+            argv: the program and its arguments, as a list (no shell is
+                involved; a ``str`` is refused with :class:`TypeError`).
+            name: the child's name, unique among the runner's running
+                children (at most 100 characters, no spaces or slashes);
+                defaults to the program's base name, made unique with a
+                suffix.  Its log source is ``<runner>.<name>``.
+            env: the child's whole environment, replacing the launcher's (as
+                in :mod:`subprocess`).
+            extra_env: variables to set on top of the environment (the
+                launcher's, or ``env``); a ``None`` value removes one.
+                ``PYTHONUNBUFFERED=1`` is set unless either names it, so that
+                Python children's prints arrive promptly.  corral adds its
+                own ``CORRAL_*`` variables in every case.
+            cwd: the child's working directory.
+            check: whether a non-zero exit (or death by a signal nobody asked
+                for) is a failure that stops the runner and raises
+                :class:`ProcessFailed` out of its ``async with``.
+            grace: seconds between the stop signal and SIGKILL when this child
+                is stopped; defaults to the runner's.
+            stop_signal: the signal that asks this child to stop; defaults to
+                the runner's (SIGTERM).
+            stdin: ``subprocess.DEVNULL`` (the default), ``PIPE`` (a writable
+                stream, :attr:`Process.stdin`), ``None`` (inherit), a file or
+                a descriptor.
+            stdout, stderr: :data:`LOG` (the default: each line becomes a log
+                record of the child's source, stdout at INFO and stderr at
+                WARNING), ``PIPE`` (a readable stream on the process),
+                ``LOG | PIPE`` (both), ``DEVNULL``, ``None`` (inherit), a file
+                or a descriptor; ``subprocess.STDOUT`` for stderr.
+            pass_fds, start_new_session, user, group, extra_groups, umask: as
+                in :class:`subprocess.Popen`.  A child in a new session still
+                leads its own process group, which is stopped as any other.
+            wait_started: return only once the child has reported that it
+                started (see :func:`corral.child.started` and the
+                ``CORRAL_STARTED_FD`` protocol); its value is then in
+                :attr:`Process.started_value`.
+            start_timeout: with ``wait_started``, seconds to wait for the
+                report before stopping the child and raising
+                :class:`TimeoutError`; ``None`` waits as long as it runs.
+            restart: ``"never"`` (the default), ``"on-failure"`` (start it
+                again after a non-zero exit) or ``"always"`` (after any exit
+                that was not asked for), with exponential backoff and jitter;
+                each restart is logged.  The :class:`Process` stays the same
+                object.  Once ``max_restarts`` restarts in a row are spent, a
+                failure counts as one (:class:`ProcessFailed`, with the count).
+                A run that lasted a minute resets the count.
+            max_restarts: restarts in a row allowed by ``restart``.
+            backoff: seconds before the first restart; doubled each time,
+                up to 30 s.
+
+        Raises:
+            TypeError, ValueError: an option is not acceptable; nothing was
+                spawned.
+            FileNotFoundError, PermissionError, NotADirectoryError: the program
+                or directory cannot be used; nothing was spawned.
+            ResourceLimitError: the descriptor limit is exhausted even after
+                raising the soft limit to the hard one; nothing was spawned.
+            StartupFailed: with ``wait_started``, the child exited before
+                reporting.
+            HandshakeError: with ``wait_started``, the report was not JSON;
+                the child was stopped.
+            TimeoutError: with ``wait_started``, ``start_timeout`` passed; the
+                child was stopped.
+
+        A start whose task is cancelled before it returns (its scope
+        cancelled, or its deadline passed, even during the spawn itself)
+        stops the child (stop signal, grace, SIGKILL) and reaps it before the
+        cancellation goes on, as :func:`anyio.run_process` does; a start in a
+        scope that is cancelled already spawns nothing.
+        """
+        proc = await self._start(
+            argv,
+            options=dict(
+                name=name,
+                env=env,
+                extra_env=extra_env,
+                cwd=cwd,
+                check=check,
+                grace=grace,
+                stop_signal=stop_signal,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=pass_fds,
+                start_new_session=start_new_session,
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
+                umask=umask,
+                wait_started=wait_started,
+                start_timeout=start_timeout,
+                restart=restart,
+                max_restarts=max_restarts,
+                backoff=backoff,
+            ),
+            collect=False,
+            what="Runner.start",
+        )
+        if wait_started:
+            await proc._wait_started()
+        return proc
+
+    async def _start(
+        self, argv: object, *, options: dict[str, Any], collect: bool, what: str
+    ) -> Process:
+        self.token.check(what)
+        self._check_open()
+        wait_started = bool(options["wait_started"])
+        start_timeout = options["start_timeout"]
+        if start_timeout is not None:
+            if not wait_started:
+                raise ValueError("start_timeout needs wait_started=True: it bounds the report")
+            start_timeout = check_grace(start_timeout, "start_timeout")
+        spec = SpawnSpec.make(
+            argv,
+            env=options["env"],
+            extra_env=options["extra_env"],
+            cwd=options["cwd"],
+            stdin=options["stdin"],
+            stdout=options["stdout"],
+            stderr=options["stderr"],
+            pass_fds=options["pass_fds"],
+            start_new_session=options["start_new_session"],
+            user=options["user"],
+            group=options["group"],
+            extra_groups=options["extra_groups"],
+            umask=options["umask"],
+            wait_started=wait_started,
+        )
+        grace = options["grace"]
+        grace = self._grace if grace is None else check_grace(grace)
+        stop_signal = options["stop_signal"]
+        stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
+        policy = RestartPolicy.make(options["restart"], options["max_restarts"], options["backoff"])
+        name = self._unique_name(options["name"], spec.program)
+        services = self._services
+        assert services is not None and self._tg is not None
+        # A start in a cancelled scope (or one whose deadline has passed)
+        # spawns nothing.
+        await _checkpoint_if_cancelled()
+        source = self._hub.source(name)
+        spawned = services.spawner.spawn(spec, self._hub.child_env(source))
+        proc = Process(
+            services,
+            spec,
+            spawned,
+            name=name,
+            source=source,
+            check=bool(options["check"]),
+            grace=grace,
+            stop_signal=stop_signal,
+            policy=policy,
+            start_timeout=start_timeout,
+            collect=collect,
+        )
+        self._live[name] = proc
+        if self._signals is not None:
+            self._signals.add(proc)
+        self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
+        self._process_event(proc, "running")
+        try:
+            # Its supervisor must run, or nobody ever reaps the child.
+            await _backend.start_surely(
+                self._tg, (proc._supervise, (), f"corral supervisor {self._name}.{name}")
+            )
+            # Spawning holds the loop for a few hundred microseconds: let others
+            # run.  A cancellation that arrives now (a deadline that passed
+            # during the spawn included) cancels the start: the child is
+            # stopped and reaped first: a start returns only a child its
+            # caller is still there to hold.
+            await anyio.lowlevel.checkpoint()
+            await _checkpoint_if_cancelled()
+        except BaseException:
+            await proc._abandon()
+            raise
+        return proc
+
+    async def run(
+        self,
+        argv: Sequence[StrOrPath],
+        *,
+        input: bytes | None = None,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
+        cwd: StrOrPath | None = None,
+        check: bool = True,
+        grace: float | None = None,
+        stop_signal: int | None = None,
+        stdin: Input = DEVNULL,
+        stdout: Output = LOG,
+        stderr: Output = LOG,
+        pass_fds: Collection[int] = (),
+        start_new_session: bool = False,
+        user: str | int | None = None,
+        group: str | int | None = None,
+        extra_groups: Collection[str | int] | None = None,
+        umask: int = -1,
+        wait_started: bool = False,
+        start_timeout: float | None = None,
+        restart: Restart = "never",
+        max_restarts: int = 3,
+        backoff: float = 1.0,
+    ) -> CompletedProcess:
+        """Run ``argv`` to completion and return a :class:`CompletedProcess`.
+
+        Takes the options of :meth:`start`, with these differences, as
+        :func:`subprocess.run`: ``input`` (bytes) is written to the child's
+        stdin, which is then closed (a child that stops reading early is not
+        an error); ``stdout=PIPE`` / ``stderr=PIPE`` (or ``LOG | PIPE``)
+        collect the exact bytes into the result's ``stdout`` / ``stderr``;
+        and with ``check=True`` (the default) a non-zero exit raises
+        :class:`ProcessFailed` here, directly, not out of the runner.  If the
+        calling task is cancelled, the child is stopped (stop signal, grace,
+        SIGKILL) before the cancellation propagates.
+        """
+        if input is not None:
+            if not isinstance(input, (bytes, bytearray, memoryview)):
+                raise TypeError(f"input must be bytes, not {type(input).__name__}")
+            if stdin is not DEVNULL and stdin != DEVNULL:
+                raise ValueError("stdin and input cannot both be given")
+            stdin = PIPE
+        proc = await self._start(
+            argv,
+            options=dict(
+                name=name,
+                env=env,
+                extra_env=extra_env,
+                cwd=cwd,
+                check=False,
+                grace=grace,
+                stop_signal=stop_signal,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=pass_fds,
+                start_new_session=start_new_session,
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
+                umask=umask,
+                wait_started=wait_started,
+                start_timeout=start_timeout,
+                restart=restart,
+                max_restarts=max_restarts,
+                backoff=backoff,
+            ),
+            collect=True,
+            what="Runner.run",
+        )
+        try:
+            if wait_started:
+                await proc._wait_started()
+            if proc.stdin is not None:
+                await _feed(proc, bytes(input or b""))
+            await proc.wait()
+        except BaseException:
+            await proc._abandon()
+            raise
+        result = proc._completed()
+        if check and result.returncode != 0 and not proc._stop_requested:
+            result.check_returncode()
+        return result
+
+    # -- launching --------------------------------------------------------------------
+
+    async def launch(
+        self,
+        func: Callable[..., T],
+        /,
+        *args: Any,
+        hosts: Sequence[str] | str | None = None,
+        workers_per_host: int | Sequence[int] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
+        copy_env: Sequence[str] = (),
+        ssh: SSH | None = None,
+        launcher_address: str | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        link_timeout: float = DEFAULT_LINK_TIMEOUT,
+        grace: float | None = None,
+        log_level: int = logging.NOTSET,
+        host_log_dir: str | None = None,
+    ) -> LaunchResult[T]:
+        """Run ``func(*args)`` once per worker, on this machine or across hosts.
+
+        Returns a :class:`LaunchResult`: the return values in global rank
+        order (``results[0]`` is rank 0's), with ``results.by_host[host]``
+        listing each host's in local-rank order.  Each worker is a fresh
+        Python process with the environment torchrun gives (``RANK``,
+        ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+        ``MASTER_ADDR``, ``MASTER_PORT``), so
+        ``torch.distributed.init_process_group("gloo")`` needs no arguments.
+        Its stdout, stderr and :mod:`logging` records reach this runner under
+        the source ``<runner>.agent-<i>.worker-<j>``, with no set-up code in
+        the function.  See :doc:`howto/launch`.
+
+        Args:
+            func: any importable function, or any callable cloudpickle can
+                carry (a closure, a lambda, a function of ``__main__``).
+                Keyword arguments go in with :func:`functools.partial`, so
+                launch's own options never collide with the function's.
+            args: positional arguments for ``func``.
+            hosts: ``None`` (this machine, no ssh), a list of hosts (one agent
+                per host, started with ssh), or ``"slurm"`` (the current
+                allocation, agents started with one ``srun`` step).
+            workers_per_host: workers on each host: one int, or one per host.
+                With ``hosts="slurm"`` it defaults to ``SLURM_NTASKS_PER_NODE``
+                or ``SLURM_GPUS_ON_NODE``; otherwise to 1.  At most 4096 on a
+                host and 65536 in all (``MAX_WORKERS_PER_HOST``,
+                ``MAX_WORKERS``).
+            extra_env: variables for every worker (``None`` removes one).
+            copy_env: globs of the launcher's variables that remote workers
+                get on top of the default set (see :data:`corral.DEFAULT_ENV_PATTERNS`).
+            ssh: how to reach remote hosts (an :class:`SSH`); user, port,
+                identity file, extra options, the remote Python and directory.
+            launcher_address: the address agents dial back to; by default each
+                agent dials this machine's address on the route to its host.
+            start_timeout: seconds, counted from this call, that every agent
+                gets to start (ssh's connection and login, the remote Python's
+                start-up), connect back, authenticate and report ready;
+                past it, :class:`LaunchError` names the hosts that are not
+                ready.  An agent that cannot dial back within it gives up.
+            link_timeout: seconds the link to an agent may stay silent
+                before it counts as cut (both ends send a heartbeat every
+                quarter of it): the agent then stops its workers, and the
+                launch fails with :class:`LaunchError` naming the host.
+            grace: seconds between the stop signal and SIGKILL when workers
+                are stopped; defaults to the runner's.
+            log_level: on remote hosts, records below this level stay on
+                their host (in ``host_log_dir`` there), for launches too large
+                to bring every line home.  Workers on this machine
+                (``hosts=None``) send every record to the runner, whose own
+                handlers and routes choose what to keep.
+            host_log_dir: a folder on each remote host for its agent's log
+                files (every record, whatever ``log_level``).
+
+        Raises:
+            TypeError, ValueError: bad arguments (an empty host list, a wrong
+                number of ``workers_per_host`` or more than the maximum, a
+                function that cannot be pickled, an unreadable identity
+                file); nothing was started.
+            LaunchError: an agent did not come up (ssh's own message
+                included, or the hosts not ready within ``start_timeout``),
+                or the link to an agent was lost (closed, or silent for
+                ``link_timeout``); it names the host.
+            WorkerFailed: a worker died, or raised an exception that cannot be
+                rebuilt here; every other worker was stopped first.
+            Exception: the exception a worker raised, rebuilt here, with the
+                remote traceback as its ``__cause__``.
+        """
+        self.token.check("Runner.launch")
+        self._check_open()
+        return await _launcher.launch(
+            self,
+            func,
+            args,
+            hosts=hosts,
+            workers_per_host=workers_per_host,
+            extra_env=extra_env,
+            copy_env=copy_env,
+            ssh=ssh,
+            launcher_address=launcher_address,
+            start_timeout=start_timeout,
+            link_timeout=link_timeout,
+            grace=grace,
+            log_level=log_level,
+            host_log_dir=host_log_dir,
+        )
+
+    async def launch_command(
+        self,
+        argv: Sequence[StrOrPath],
+        *,
+        hosts: Sequence[str] | str | None = None,
+        workers_per_host: int | Sequence[int] | None = None,
+        extra_env: Mapping[str, str | None] | None = None,
+        copy_env: Sequence[str] = (),
+        ssh: SSH | None = None,
+        launcher_address: str | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        link_timeout: float = DEFAULT_LINK_TIMEOUT,
+        grace: float | None = None,
+        log_level: int = logging.NOTSET,
+        host_log_dir: str | None = None,
+    ) -> LaunchResult[int]:
+        """Run the command ``argv`` once per worker, as :meth:`launch` runs a function.
+
+        What ``torchrun`` does for a script: each worker is ``argv`` itself,
+        started with the same torchrun-compatible environment, and its output
+        is logged under ``<runner>.agent-<i>.worker-<j>``.  Returns the exit
+        codes (all 0) in rank order.  The first worker that exits with
+        another code, or is killed, makes every other one stop and raises
+        :class:`WorkerFailed` with its rank, host, exit code and stderr tail.
+        The options are :meth:`launch`'s.
+        """
+        self.token.check("Runner.launch_command")
+        self._check_open()
+        return await _launcher.launch(
+            self,
+            None,
+            (),
+            argv=[os.fspath(a) for a in argv] if not isinstance(argv, (str, bytes)) else argv,
+            hosts=hosts,
+            workers_per_host=workers_per_host,
+            extra_env=extra_env,
+            copy_env=copy_env,
+            ssh=ssh,
+            launcher_address=launcher_address,
+            start_timeout=start_timeout,
+            link_timeout=link_timeout,
+            grace=grace,
+            log_level=log_level,
+            host_log_dir=host_log_dir,
+        )
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._tg is None:
+            raise RuntimeError("the runner has not been entered yet (use 'async with')")
+        if self._closing:
+            raise RuntimeError(f"runner {self._name!r} is closing; it starts no new processes")
+
+    def _unique_name(self, name: str | None, program: str) -> str:
+        taken = self._live
+        if name is not None:
+            _check_name(name, "process")
+            if name in taken:
+                raise ValueError(f"a process named {name!r} is already running in this runner")
+        else:
+            base = (_NAME_BAD_CHARS.sub("-", program) or "process")[: MAX_NAME - 8]
+            name = base
+            if name in taken:
+                # Suffixes count up per base name, so naming stays linear even
+                # with a thousand children of one program.
+                n = self._name_counters.get(base, 1)
+                while name in taken:
+                    n += 1
+                    name = f"{base}-{n}"
+                self._name_counters[base] = n
+        return name
+
+    def _process_event(self, proc: Process, state: str) -> None:
+        for observer in self._observers:
+            observer(proc, state)
+
+    def _process_exited(self, proc: Process) -> None:
+        if self._live.get(proc.name) is proc:
+            del self._live[proc.name]
+        if self._closing and not self._live:
+            self._children_done.set()
+
+
+async def _checkpoint_if_cancelled() -> None:
+    """Raise the cancellation if the calling task is cancelled, or its deadline has passed.
+
+    :func:`anyio.lowlevel.checkpoint_if_cancelled` sees a cancelled scope, but
+    not a deadline that has passed while the loop has not yet noticed it.
+    """
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    while anyio.current_effective_deadline() <= anyio.current_time():
+        await anyio.lowlevel.checkpoint()  # the deadline's cancellation is on its way
+
+
+async def _feed(proc: Process, data: bytes) -> None:
+    """Write ``data`` to the child's stdin and close it; a child that stopped reading is fine."""
+    stdin = proc.stdin
+    assert stdin is not None
+    try:
+        if data:
+            await stdin.send(data)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    finally:
+        await stdin.aclose()
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not _NAME_OK.fullmatch(name) or len(name) > MAX_NAME:
+        raise ValueError(
+            f"{what} name {name!r} must be 1-{MAX_NAME} characters, without spaces or slashes"
+        )
+
+
+def _internal_modules() -> list[Any]:
+    """The modules whose code is KeyboardInterrupt-protected on Trio (see ``protect_on_trio``)."""
+    from .. import _checks, _results
+    from .._logs import _hub
+    from . import _handshake, _lifeline, _process, _spawn, _token
+
+    return [
+        sys.modules[__name__],
+        _checks,
+        _handshake,
+        _lifeline,
+        _process,
+        _results,
+        _signals,
+        _spawn,
+        _token,
+        *_hub.protected_modules(),
+    ]
+
+
+def open_runner(
+    *,
+    name: str = "corral",
+    grace: float = 5.0,
+    stop_signal: int = signal.SIGTERM,
+    console: bool = True,
+    handlers: Sequence[logging.Handler | Route] = (),
+    log_dir: StrOrPath | None = None,
+    propagate: bool = False,
+    handle_signals: bool | None = None,
+    monitor: str | bool | None = None,
+) -> Runner:
+    """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
+
+    Args:
+        name: the runner's name, the first part of every log source.
+        grace: default seconds a child gets between the stop signal and
+            SIGKILL when it is stopped (a finite number >= 0).
+        stop_signal: the default signal that asks a child to stop.
+        console: print every child's output lines to the launcher's stderr
+            with a ``HH:MM:SS source |`` prefix (coloured on a terminal), at
+            INFO and above.
+        handlers: extra :class:`logging.Handler` objects (or :class:`Route`
+            objects limiting a handler to some sources and levels) that
+            receive the records; they are called from a worker thread, never
+            on the loop.  A handler gets the records at its own level (every
+            record if it has none): the root logger's level does not apply.
+        log_dir: write logs under this folder: each run gets a timestamped
+            subfolder (:attr:`Runner.log_path`) with one file per source and
+            a ``combined.log`` holding everything, lifecycle records included.
+        propagate: also hand every record to the standard logging tree, to the
+            logger named after its source (``<runner>.<process>``), from where
+            it propagates to the application's root logger (whose level and
+            handlers then apply).
+        handle_signals: what to do with SIGINT, SIGTERM and SIGHUP while the
+            runner is open (see :doc:`howto/signals`).  ``None``, the default,
+            takes SIGINT and SIGTERM only if nobody holds them (their handler
+            is still Python's default) and the runner is entered on the main
+            thread: then the signal is forwarded to every child at once and
+            the block raises :class:`KeyboardInterrupt` (SIGINT, under
+            Python's own handler), or, for a signal whose handler was
+            ``SIG_DFL``, the signal ends the process once every child is
+            stopped, as it would have without corral.  Signals that the
+            application, its framework, ``asyncio.run`` or ``trio.run``
+            installed a handler for are left to it: the cancellation it
+            delivers stops every child just as well.
+            ``True`` takes all three whoever holds them and raises
+            :class:`KeyboardInterrupt` or :class:`Signalled` (for a
+            command-line launcher); ``False`` never touches a handler.
+        monitor: ``"HOST:PORT"`` starts a live monitor there: a page for a
+            browser and a WebSocket feed of the processes and their logs, at
+            :attr:`Runner.monitor_url` (see :doc:`howto/monitor`).  ``True``
+            or a port alone (``"8765"``) listens on loopback; port 0 is any
+            free port.  An address that cannot be had (a port in use, an
+            address this machine does not have) makes entering raise an
+            :exc:`OSError` that names it and the reason, within 10 seconds.
+
+    Entering the runner raises :exc:`CorralError` if the system cannot give
+    it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
+    and later, not forbidden by a seccomp filter).
+    """
+    return Runner(
+        name=name,
+        grace=grace,
+        stop_signal=stop_signal,
+        console=console,
+        handlers=handlers,
+        log_dir=log_dir,
+        propagate=propagate,
+        handle_signals=handle_signals,
+        monitor=monitor,
+    )

@@ -1,0 +1,14 @@
+"""Scale-out: a function or a command on N workers, on this machine or across hosts.
+
+``_options`` (a launch's options), ``_plan`` (hosts, workers, environment,
+the job), ``_coordinator`` (every worker's outcome; when the launch is over),
+``_launcher`` (:func:`launch` itself, and a launch on this machine),
+``_remote`` (agents on other hosts, started with ssh or srun), ``_workers``
+(one host's workers in a runner), ``_agent`` (``python -m corral._agent`` on
+each remote host), ``_worker`` (``python -m corral._worker``, one worker:
+standard library, msgspec and :mod:`corral.child` only), ``_link`` (what goes
+over the link between a launcher and its agents) and ``_hosts`` (ssh, Slurm,
+the environment of remote workers).
+
+Public face: _options, _launcher, _hosts, _agent, _worker, _link
+"""

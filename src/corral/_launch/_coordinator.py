@@ -1,0 +1,169 @@
+"""The coordinator of a launch: every worker's outcome, and when the launch is over."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .._errors import LaunchError, RemoteTraceback, WorkerFailed, signal_name
+from .._results import LaunchResult
+from . import _link
+from ._plan import Plan
+
+__all__ = ["Coordinator", "Failure"]
+
+
+@dataclass
+class Failure:
+    rank: int
+    host: str
+    local_rank: int
+    error: _link.WorkerError | None = None
+    returncode: int | None = None
+    stderr: bytes = b""
+    lost: str | None = None  # the agent was lost: why
+
+
+class Coordinator:
+    """Collects the outcomes of every worker; decides when the launch is over."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.values: dict[int, Any] = {}
+        self.failure: Failure | None = None
+        self.settled = anyio.Event()  # every result in, or a failure
+        self._answered: set[int] = set()
+
+    def rank(self, host: int, local_rank: int) -> int:
+        return self.plan.firsts[host] + local_rank
+
+    async def result(self, host: int, message: _link.WorkerResult) -> None:
+        rank = self.rank(host, message.local_rank)
+        self._answered.add(rank)
+        try:
+            self.values[rank] = pickle.loads(message.payload)
+        except Exception as exc:
+            self._fail(
+                Failure(
+                    rank,
+                    self.plan.hosts[host],
+                    message.local_rank,
+                    _link.WorkerError(
+                        message.local_rank,
+                        type(exc).__qualname__,
+                        f"the return value of rank {rank} cannot be unpickled here: {exc}",
+                        "",
+                    ),
+                )
+            )
+            return
+        if len(self.values) == self.plan.world_size:
+            self.settled.set()
+
+    async def error(self, host: int, message: _link.WorkerError) -> None:
+        rank = self.rank(host, message.local_rank)
+        self._answered.add(rank)
+        self._fail(Failure(rank, self.plan.hosts[host], message.local_rank, message))
+
+    async def exited(self, host: int, message: _link.WorkerExit) -> None:
+        rank = self.rank(host, message.local_rank)
+        if rank in self._answered:
+            return
+        if self.plan.argv and message.returncode == 0:
+            # A command's exit code is its answer.
+            self._answered.add(rank)
+            self.values[rank] = 0
+            if len(self.values) == self.plan.world_size:
+                self.settled.set()
+            return
+        self._fail(
+            Failure(
+                rank,
+                self.plan.hosts[host],
+                message.local_rank,
+                returncode=message.returncode,
+                stderr=message.stderr,
+            )
+        )
+
+    def agent_lost(self, host: int, why: str) -> None:
+        """The agent of ``host`` is gone, or stops its workers on its own: the launch fails."""
+        if self.settled.is_set():
+            return
+        self._fail(Failure(self.plan.firsts[host], self.plan.hosts[host], 0, lost=why))
+
+    def agent_done(self, host: int) -> None:
+        """The agent of ``host`` reported its workers reaped: had each of them answered?"""
+        first = self.plan.firsts[host]
+        silent = [
+            r for r in range(first, first + self.plan.counts[host]) if r not in self._answered
+        ]
+        if silent and not self.settled.is_set():
+            self.agent_lost(
+                host, f"reported its workers done, but ranks {silent} never reported an outcome"
+            )
+
+    def _fail(self, failure: Failure) -> None:
+        if self.failure is None:
+            self.failure = failure
+        self.settled.set()
+
+    def exception(self) -> BaseException:
+        failure = self.failure
+        assert failure is not None
+        if failure.lost is not None:
+            index = self.plan.hosts.index(failure.host)
+            return LaunchError(f"the agent on host {failure.host} (agent-{index}) {failure.lost}")
+        where = f"rank {failure.rank} on host {failure.host} (local rank {failure.local_rank})"
+        error = failure.error
+        if error is None:
+            code = failure.returncode
+            assert code is not None
+            how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            tail = failure.stderr.decode("utf-8", "replace").rstrip()
+            message = f"worker {where} {how}" + ("" if self.plan.argv else " without an exception")
+            if tail:
+                message += "; last stderr lines:\n" + "\n".join(
+                    "  " + line for line in tail.splitlines()[-10:]
+                )
+            return WorkerFailed(
+                message,
+                rank=failure.rank,
+                host=failure.host,
+                local_rank=failure.local_rank,
+                returncode=code,
+                stderr=failure.stderr,
+            )
+        if error.payload is not None:
+            try:
+                exc = pickle.loads(error.payload)
+            except Exception:
+                exc = None
+            if isinstance(exc, BaseException):
+                exc.__cause__ = RemoteTraceback(error.traceback)
+                exc.add_note(f"raised by worker {where}")
+                for name, value in (("rank", failure.rank), ("host", failure.host)):
+                    try:
+                        setattr(exc, name, value)
+                    except (AttributeError, TypeError):
+                        pass
+                return exc
+        name = error.type_name or "an error"
+        failed = WorkerFailed(
+            f"worker {where} raised {name}: {error.message}",
+            rank=failure.rank,
+            host=failure.host,
+            local_rank=failure.local_rank,
+            exc_type=error.type_name or None,
+            remote_traceback=error.traceback,
+        )
+        if error.traceback:
+            failed.__cause__ = RemoteTraceback(error.traceback)
+        return failed
+
+    def outcome(self) -> LaunchResult[Any]:
+        values = [self.values[rank] for rank in range(self.plan.world_size)]
+        return LaunchResult(values, self.plan.hosts, self.plan.counts)

@@ -1,0 +1,268 @@
+"""Where a launch runs: this machine, a list of hosts over OpenSSH, or a Slurm allocation.
+
+:meth:`Runner.launch` takes ``hosts=``:
+
+* ``None`` (the default): this machine alone.  No ssh, no agent process:
+  the launcher's own runner starts the workers.
+* a list of host names or addresses: one agent per host, started with the
+  OpenSSH client (``ssh -o BatchMode=yes``; user, port, identity file and
+  extra options in an :class:`SSH` object).
+* ``"slurm"``: the hosts of the current allocation (``scontrol show hostnames
+  $SLURM_JOB_NODELIST``), with one agent per node started by a single
+  ``srun --ntasks-per-node=1`` step, which Slurm fans out.
+
+**The environment** reaches remote workers by rule, not by luck: the
+launcher's variables that match :data:`DEFAULT_ENV_PATTERNS` (the search
+paths, the virtual environment, CUDA, NCCL, Torch, OpenMP...) or a
+``copy_env=`` glob are sent to every agent, and ``extra_env=`` is laid over
+them.  Workers on this machine inherit the launcher's whole environment, plus
+``extra_env``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = [
+    "DEFAULT_ENV_PATTERNS",
+    "MAX_WORKERS",
+    "MAX_WORKERS_PER_HOST",
+    "SSH",
+    "dial_back_addresses",
+    "environment_for_hosts",
+    "free_port",
+    "route_address",
+    "slurm_hosts",
+    "slurm_workers_per_host",
+]
+
+#: The most workers of a launch on one host (``workers_per_host``; the
+#: command line's ``-n`` and ``-c``): each is a process there, with its
+#: descriptors here.
+MAX_WORKERS_PER_HOST: Final = 4096
+#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
+MAX_WORKERS: Final = 65536
+
+#: Variables of the launcher that every remote worker gets (shell-style globs).
+DEFAULT_ENV_PATTERNS: Final[tuple[str, ...]] = (
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV",
+    "LD_LIBRARY_PATH",
+    "LANG",
+    "LC_*",
+    "TZ",
+    "CUDA*",
+    "NCCL*",
+    "TORCH*",
+    "OMP_*",
+    "MKL_*",
+    "OPENBLAS_*",
+    "HF_*",
+    "TRANSFORMERS_*",
+    "TOKENIZERS_*",
+    "WANDB_*",
+    "MLFLOW_*",
+)
+
+
+@dataclass(frozen=True)
+class SSH:
+    """How to reach remote hosts with the OpenSSH client.
+
+    Attributes:
+        user: the remote user (``ssh -l``); the client's default if ``None``.
+        port: the remote port (``ssh -p``).
+        identity_file: a private key (``ssh -i``); checked to be readable
+            before anything starts.
+        options: more ``ssh`` arguments, e.g. ``("-o", "ConnectTimeout=5")``;
+            they come before corral's own, and ssh takes the first value it
+            sees for an option.
+        python: the Python interpreter on the remote hosts; defaults to the
+            launcher's own (:data:`sys.executable`), as on a cluster with a
+            shared file system.
+        cwd: the remote working directory; defaults to the launcher's.
+        executable: the ssh client to run.
+    """
+
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | os.PathLike[str] | None = None
+    options: Sequence[str] = field(default_factory=tuple)
+    python: str | None = None
+    cwd: str | os.PathLike[str] | None = None
+    executable: str = "ssh"
+
+    def check(self) -> None:
+        """Raise a clear error now for what would make every connection fail later."""
+        if self.identity_file is not None:
+            path = os.fspath(self.identity_file)
+            if not os.access(path, os.R_OK):
+                raise FileNotFoundError(f"the ssh identity file {path!r} cannot be read")
+        if self.port is not None and not (0 < int(self.port) < 65536):
+            raise ValueError(f"ssh port {self.port!r} is not a port number")
+        if isinstance(self.options, str):
+            raise TypeError("SSH.options is a sequence of arguments, not one string")
+        if shutil.which(self.executable) is None:
+            raise FileNotFoundError(f"the ssh client {self.executable!r} is not installed")
+
+    def argv(self, host: str, command: Sequence[str]) -> list[str]:
+        """The ``ssh`` command line that runs ``command`` on ``host``."""
+        argv = [self.executable, *self.options, "-o", "BatchMode=yes", "-T"]
+        if self.port is not None:
+            argv += ["-p", str(self.port)]
+        if self.identity_file is not None:
+            argv += ["-i", os.fspath(self.identity_file)]
+        if self.user is not None:
+            argv += ["-l", self.user]
+        cwd = os.fspath(self.cwd) if self.cwd is not None else os.getcwd()
+        remote = f"cd {shlex.quote(cwd)} && exec {shlex.join(command)}"
+        return [*argv, "--", host, remote]
+
+    @property
+    def remote_python(self) -> str:
+        return self.python or sys.executable
+
+
+def environment_for_hosts(
+    copy_env: Sequence[str], extra_env: Mapping[str, str | None] | None
+) -> dict[str, str | None]:
+    """The variables every remote worker gets: by pattern, then ``extra_env``.
+
+    A ``None`` value stays in the result: the remote side removes that
+    variable from whatever environment the agent found there.
+    """
+    patterns = (*DEFAULT_ENV_PATTERNS, *copy_env)
+    env: dict[str, str | None] = {
+        name: value
+        for name, value in os.environ.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+        and not name.startswith("CORRAL_")
+    }
+    env.update(extra_env or {})
+    return env
+
+
+def route_address(host: str) -> str:
+    """This machine's address on the route to ``host`` (where agents dial back to)."""
+    infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    if not infos:  # pragma: no cover - getaddrinfo raises instead
+        raise OSError(f"cannot resolve {host!r}")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.connect(address)  # UDP: no packet is sent, the kernel picks the route
+        local: str = probe.getsockname()[0]
+    return local
+
+
+def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
+    """For each host, this machine's address on the route to it (blocking: run in a thread).
+
+    A name this machine cannot resolve may still be one ssh knows (a
+    ``Host`` alias of its configuration): ``ssh -G`` says which host name it
+    stands for.  A host that cannot be resolved either way gets the address
+    of another host's route, or of this machine's name; ssh then fails on it
+    with a message of its own, which is the error the caller will see.
+    """
+    found: list[str | None] = []
+    for host in hosts:
+        address = None
+        for name in (host, _ssh_hostname(host, ssh)):
+            if name is None:
+                continue
+            try:
+                address = route_address(name)
+                break
+            except (OSError, UnicodeError, ValueError):  # not a name: ssh will say so
+                continue
+        found.append(address)
+    fallback = next((a for a in found if a is not None), None)
+    if fallback is None:
+        try:
+            fallback = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            fallback = "127.0.0.1"
+    return [a if a is not None else fallback for a in found]
+
+
+def _ssh_hostname(host: str, ssh: SSH) -> str | None:
+    """The host name ssh's configuration gives ``host`` (``ssh -G``), if it differs.
+
+    Its output is decoded as the arguments were encoded (bytes that are not
+    UTF-8 as lone surrogates): a host or an option that is not UTF-8 comes
+    back as it went.
+    """
+    try:
+        out = subprocess.run(
+            [ssh.executable, *ssh.options, "-G", "--", host],
+            capture_output=True,
+            encoding="utf-8",
+            errors="surrogateescape",
+            timeout=10,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, ValueError, subprocess.TimeoutExpired):  # ValueError: a NUL in an argument
+        return None
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value and value != host:
+            return value
+    return None
+
+
+def slurm_hosts() -> list[str]:
+    """The nodes of the current Slurm allocation, in order."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise RuntimeError(
+            'hosts="slurm" needs a Slurm allocation (SLURM_JOB_NODELIST is not set): '
+            "run the launcher under salloc or sbatch"
+        )
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"scontrol show hostnames {nodelist} failed: {out.stderr.strip()}")
+    hosts = out.stdout.split()
+    if not hosts:
+        raise RuntimeError(f"the Slurm allocation {nodelist!r} has no hosts")
+    return hosts
+
+
+def slurm_workers_per_host() -> int:
+    """Workers per node from the allocation: tasks per node, else GPUs on the node, else 1."""
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE"):
+        value = os.environ.get(name, "")
+        head = value.split("(")[0].split(",")[0]
+        if head.isdigit() and int(head) > 0:
+            return int(head)
+    return 1
+
+
+def free_port(host: str) -> int:
+    """A TCP port that is free on ``host`` (an address of this machine) now, for ``MASTER_PORT``.
+
+    ``""`` is every address of this machine (an agent's host), ``"127.0.0.1"``
+    loopback (a launch on this machine alone).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+    return port

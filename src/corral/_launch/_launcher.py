@@ -1,0 +1,155 @@
+"""``Runner.launch``: run a function on N workers across hosts, torchrun-style.
+
+::
+
+    results = await r.launch(train, cfg, hosts=["node1", "node2"], workers_per_host=4)
+
+runs ``train(cfg)`` once per worker — eight here — and returns their return
+values in global rank order.  Each worker is a fresh Python process (``python
+-m corral._worker``) with the environment ``torch.distributed`` expects from
+torchrun: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` (a free port on the first
+host), so ``init_process_group("gloo")`` works with no arguments.
+
+The parts:
+
+* **This machine** (``hosts=None``): the launcher's own runner starts the
+  workers (:class:`corral._launch._workers.HostWorkers`); no ssh, no agent process.
+* **Other hosts**: one agent per host (:mod:`corral._agent`), started with ssh
+  or one ``srun`` step, dials back to a TCP listener of the launcher and
+  authenticates with a secret made for this launch (:mod:`corral._launch._link`).
+  The agent processes are children of the runner like any other, so they are
+  stopped and reaped with it.
+* The function and its arguments travel pickled with cloudpickle (so
+  closures, lambdas and functions of ``__main__`` work), over the
+  authenticated link only.
+
+**Failures.**  The first worker that raises makes ``launch`` stop every
+other worker on every host (stop signal, grace, SIGKILL), then raise: the
+original exception if it can be rebuilt here (with the remote traceback as
+its cause and the rank and host in a note), else :class:`WorkerFailed`.  A
+worker that dies without an exception (``os._exit(3)``, a signal) raises
+:class:`WorkerFailed` naming its rank, host and exit, with its stderr tail.
+An agent that cannot start raises :class:`LaunchError` naming its host:
+with ssh's own message if ssh exited, at ``start_timeout`` (counted from the
+call) if it hangs — a host that accepts the connection and never speaks, a
+cut link, an agent stuck in its hello.  A host whose link is lost later
+(closed, or silent past ``link_timeout``: see :mod:`corral._launch._link`) raises
+:class:`LaunchError` naming it, once the other hosts stopped their workers;
+its own agent stops its workers when it notices the same silence.
+
+**Stops.**  Cancelling ``launch`` (Ctrl-C, a timeout, the runner's scope)
+tells every agent to stop its workers (stop signal, grace, SIGKILL), and
+returns once each confirmed them reaped or its link was lost — never later
+than ``grace`` + :data:`STOP_SLACK` seconds after the stop began.  The link
+itself is what carries the stop: the ssh clients may be gone already (the
+signal fan-out reaches them too), and a client hung on a cut link is
+stopped, not waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import anyio
+
+from .._checks import check_argv
+from .._errors import LaunchError
+from .._results import LaunchResult
+from ._coordinator import Coordinator
+from ._hosts import SSH, free_port
+from ._options import DEFAULT_LINK_TIMEOUT, DEFAULT_START_TIMEOUT
+from ._plan import Plan, job_for, make_plan, pickle_job
+from ._remote import launch_remote
+from ._workers import HostWorkers
+
+if TYPE_CHECKING:
+    from .._core._runner import Runner
+
+__all__ = ["launch"]
+
+T = TypeVar("T")
+
+
+async def launch(
+    runner: Runner,
+    func: Callable[..., T] | None,
+    args: tuple[Any, ...],
+    *,
+    argv: Sequence[str] | None = None,
+    hosts: Sequence[str] | str | None = None,
+    workers_per_host: int | Sequence[int] | None = None,
+    extra_env: Mapping[str, str | None] | None = None,
+    copy_env: Sequence[str] = (),
+    ssh: SSH | None = None,
+    launcher_address: str | None = None,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
+    link_timeout: float = DEFAULT_LINK_TIMEOUT,
+    grace: float | None = None,
+    log_level: int = logging.NOTSET,
+    host_log_dir: str | None = None,
+) -> LaunchResult[T]:
+    plan = make_plan(
+        runner,
+        hosts=hosts,
+        workers_per_host=workers_per_host,
+        extra_env=extra_env,
+        copy_env=copy_env,
+        ssh=ssh,
+        start_timeout=start_timeout,
+        link_timeout=link_timeout,
+        grace=grace,
+        log_level=log_level,
+        host_log_dir=host_log_dir,
+    )
+    if argv is not None:
+        plan.argv = check_argv(argv)
+        payload = b""
+    else:
+        assert func is not None
+        payload = pickle_job(func, args)
+    coordinator = Coordinator(plan)
+    if plan.remote:
+        try:
+            await launch_remote(runner, plan, payload, coordinator, launcher_address)
+        except BaseExceptionGroup as group:
+            # An agent that could not start is one error, however many task
+            # groups it crossed (and however many agents failed alike).
+            errors, rest = group.split(LaunchError)
+            if errors is None or rest is not None:
+                raise
+            first: BaseException = errors
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+    else:
+        await _launch_here(runner, plan, payload, coordinator)
+    if coordinator.failure is not None:
+        raise coordinator.exception()
+    return cast(LaunchResult[T], coordinator.outcome())
+
+
+async def _launch_here(
+    runner: Runner, plan: Plan, payload: bytes, coordinator: Coordinator
+) -> None:
+    """This machine: the runner's own children are the workers."""
+    workers = HostWorkers(runner, host=0, prefix="agent-0.", python=sys.executable)
+    job = job_for(plan, 0, payload, "127.0.0.1", free_port("127.0.0.1"))
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def run() -> None:
+                await workers.run(job, coordinator)
+
+            tg.start_soon(run)
+            await coordinator.settled.wait()
+            if coordinator.failure is not None:
+                with anyio.CancelScope(shield=True):
+                    await workers.stop(plan.grace)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await workers.stop(plan.grace)
+        raise

@@ -1,0 +1,461 @@
+"""The link between a launcher and its agents: one authenticated connection per host.
+
+:meth:`Runner.launch` runs a function on workers spread over hosts.  On each
+remote host one *agent* (``python -m corral._agent``, itself a corral runner)
+starts and supervises that host's workers, and talks to the launcher over one
+TCP connection that the agent dials back to.  This module defines what goes
+over it, and the rules both ends keep.  Frames are those of the log wire
+format (:mod:`corral._logs._wire`): a 4-byte big-endian length and one MessagePack
+array whose first element names the message.  The connection is versioned
+(:data:`LINK_VERSION`, in the agent's hello) and authenticated (the hello
+carries a secret made for this launch, compared in constant time).
+
+**Before the secret is checked** (:func:`read_hello`), a connection may send
+one frame, the hello, of at most :data:`MAX_HELLO` bytes (4 KiB), and must
+send it whole within :data:`HELLO_TIMEOUT` seconds (5 s) of being accepted;
+the listener reads exactly that frame and nothing after it.  A longer length
+prefix, anything that is not a hello, or a hello that is late is closed at
+once, and of :data:`MAX_PENDING_HELLOS` (64) connections still waiting for
+their hello the one that has waited longest is closed when another comes, so
+that strangers cost the launcher at most a few KiB and a few descriptors
+each, for a few seconds: the 1 GiB frames of an authenticated link (:data:`MAX_LINK_FRAME`)
+are allowed only once the hello was accepted.
+
+**The link has a deadline** (:class:`Link`).  A TCP connection with no
+traffic does not notice a pulled cable, so once the hello is accepted each
+side sends a :class:`Heartbeat` every ``link_timeout / 4`` seconds
+(:func:`heartbeat_interval`), and each side counts the link as cut when it
+has been waiting for ``link_timeout`` seconds (5 s by default,
+:data:`DEFAULT_LINK_TIMEOUT`; ``link_timeout=`` of :meth:`Runner.launch`)
+without a single byte arriving.  (Bytes, not frames: a large frame that is
+still arriving keeps the link alive.  Time spent handling what arrived does
+not count: a side that is busy is not silent.)  A link that is cut, closed or
+broken ends the same way on both sides: the agent stops its workers at once
+(its grace, at most 1 s) and exits, and the launcher counts that host as
+lost, which fails the launch (:class:`corral.LaunchError` naming the host)
+and stops every other host's workers.
+
+Only these messages ever carry pickles — the function and its arguments, a
+worker's return value, a worker's exception — and only after the hello was
+accepted; log records travel as the log wire format's own records, never
+pickled.
+
+Both ways:
+
+``Heartbeat``
+    nothing but a sign of life.
+
+Agent to launcher:
+
+``AgentHello``
+    first frame: protocol version, secret, agent index, host name, pid.
+``Ready``
+    the agent is set up; agent 0 adds a free TCP port on its host for
+    ``MASTER_PORT``.
+``Lines``
+    complete lines one worker (or the agent itself) wrote to stdout or stderr.
+``Records``
+    :mod:`logging` records of one worker, as the log wire format's records.
+``WorkerResult`` / ``WorkerError``
+    a worker's return value (pickled), or its exception (pickled if it
+    survives a round trip, else boxed: type name, message, traceback text).
+``WorkerExit``
+    a worker's process has exited (return code, stderr tail).
+``Stopping``
+    the agent stops its workers on its own, and says why (under ssh: its
+    standard input, the ssh client's pipe, was closed).
+``AgentDone``
+    every worker of the agent has been reaped: after its job, or in answer
+    to ``Stop``.
+
+Launcher to agent:
+
+``Job``
+    what to run — a pickled function and its arguments, or a command line —
+    and how: ranks, world, master address and port, environment, grace
+    period.
+``Stop``
+    stop every worker now (stop signal, grace, SIGKILL) and report
+    ``AgentDone``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+import msgspec
+
+from .._logs._wire import FrameDecoder, Record, WireError
+
+# Workers import this module for its messages alone, and a worker must stay
+# light (standard library and msgspec): anyio is imported only where the
+# link's I/O needs it.
+if TYPE_CHECKING:
+    import anyio
+    import anyio.abc
+
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_LINK_TIMEOUT",
+    "HELLO_TIMEOUT",
+    "LINK_VERSION",
+    "MAX_HELLO",
+    "MAX_LINK_FRAME",
+    "MAX_PENDING_HELLOS",
+    "AgentConfig",
+    "AgentDone",
+    "AgentHello",
+    "Heartbeat",
+    "Job",
+    "Lines",
+    "Link",
+    "LinkLost",
+    "LinkMessage",
+    "Ready",
+    "Records",
+    "Stop",
+    "Stopping",
+    "WorkerError",
+    "WorkerExit",
+    "WorkerResult",
+    "check_link_timeout",
+    "decode_config",
+    "decoder",
+    "encode_config",
+    "encode",
+    "heartbeat_interval",
+    "read_hello",
+]
+
+LINK_VERSION: Final = 1
+"""The version of this protocol; an agent speaking another is refused."""
+
+#: A frame on an authenticated link may be this big: pickled arguments and results can be large.
+MAX_LINK_FRAME: Final = 1 << 30
+
+#: The largest hello (the one frame allowed before the secret is checked), in bytes.
+MAX_HELLO: Final = 4096
+
+#: Seconds a connection has, from being accepted, to send its hello whole.
+HELLO_TIMEOUT: Final = 5.0
+
+#: Connections of a launch listener that may wait for their hello at once; to
+#: accept another, the one that has waited longest is closed.
+MAX_PENDING_HELLOS: Final = 64
+
+#: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
+DEFAULT_LINK_TIMEOUT: Final = 5.0
+
+#: Heartbeats each side sends per ``link_timeout``.
+BEATS_PER_TIMEOUT: Final = 4
+
+
+def heartbeat_interval(link_timeout: float) -> float:
+    """Seconds between two heartbeats of a link whose deadline is ``link_timeout``."""
+    return link_timeout / BEATS_PER_TIMEOUT
+
+
+def check_link_timeout(value: float) -> float:
+    """``value`` if it can be a link deadline (a positive, finite number of seconds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"link_timeout must be a number of seconds, not {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"link_timeout must be a positive number of seconds, not {value}")
+    return float(value)
+
+
+class AgentHello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
+    v: int
+    secret: str
+    index: int
+    host: str
+    pid: int
+
+
+class Heartbeat(msgspec.Struct, tag="beat", array_like=True, frozen=True):
+    pass
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True, frozen=True):
+    master_port: int = 0
+
+
+class Lines(msgspec.Struct, tag="lines", array_like=True, frozen=True):
+    source: str  # "worker-<j>", or "" for the agent itself
+    stream: str
+    level: int
+    created: float
+    text: bytes  # complete lines, each ending with a newline
+
+
+class Records(msgspec.Struct, tag="records", array_like=True, frozen=True):
+    source: str
+    records: list[Record]
+
+
+class WorkerResult(msgspec.Struct, tag="result", array_like=True, frozen=True):
+    local_rank: int
+    payload: bytes
+
+
+class WorkerError(msgspec.Struct, tag="error", array_like=True, frozen=True):
+    local_rank: int
+    type_name: str
+    message: str
+    traceback: str
+    payload: bytes | None = None  # the exception, pickled, if it survives a round trip
+
+
+class WorkerExit(msgspec.Struct, tag="exit", array_like=True, frozen=True):
+    local_rank: int
+    pid: int
+    returncode: int
+    stderr: bytes
+
+
+class Stopping(msgspec.Struct, tag="stopping", array_like=True, frozen=True):
+    reason: str
+
+
+class AgentDone(msgspec.Struct, tag="done", array_like=True, frozen=True):
+    pass
+
+
+class Job(msgspec.Struct, tag="job", array_like=True, frozen=True):
+    payload: bytes
+    world_size: int
+    first_rank: int
+    workers: int
+    group_rank: int
+    groups: int
+    master_addr: str
+    master_port: int
+    env: dict[str, str | None]  # None: remove the variable
+    grace: float
+    log_level: int = 0
+    argv: list[str] = msgspec.field(default_factory=list)  # a command instead of a function
+
+
+class Stop(msgspec.Struct, tag="stop", array_like=True, frozen=True):
+    grace: float
+
+
+LinkMessage: TypeAlias = (
+    AgentHello
+    | Heartbeat
+    | Ready
+    | Lines
+    | Records
+    | WorkerResult
+    | WorkerError
+    | WorkerExit
+    | Stopping
+    | AgentDone
+    | Job
+    | Stop
+)
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_hello_decoder: Final = msgspec.msgpack.Decoder(AgentHello)
+
+
+def decoder() -> msgspec.msgpack.Decoder[LinkMessage]:
+    """A decoder of link messages (for :class:`corral._logs._wire.FrameDecoder`)."""
+    return msgspec.msgpack.Decoder(LinkMessage)
+
+
+def encode(message: LinkMessage) -> bytes:
+    """The whole frame of ``message``, ready to send."""
+    payload = _encoder.encode(message)
+    return len(payload).to_bytes(4, "big") + payload
+
+
+# -- before the secret is checked ---------------------------------------------------------------
+
+
+async def read_hello(stream: anyio.abc.ByteReceiveStream) -> AgentHello | None:
+    """The hello of a connection just accepted, read under the pre-authentication rule.
+
+    Reads the length prefix, then exactly the frame it announces if that is at
+    most :data:`MAX_HELLO` bytes, all within :data:`HELLO_TIMEOUT` seconds;
+    nothing after it is read.  Returns ``None`` when the peer breaks the rule
+    (too long, too late, not a hello, or gone); the caller then closes the
+    connection.  The secret and the version are the caller's to check.
+    """
+    import anyio
+
+    with anyio.move_on_after(HELLO_TIMEOUT):
+        try:
+            size = int.from_bytes(await _receive_exactly(stream, 4), "big")
+            if not 0 < size <= MAX_HELLO:
+                return None
+            payload = await _receive_exactly(stream, size)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return None
+        try:
+            return _hello_decoder.decode(payload)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+    return None
+
+
+async def _receive_exactly(stream: anyio.abc.ByteReceiveStream, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        data += await stream.receive(size - len(data))
+    return bytes(data)
+
+
+# -- an authenticated link ----------------------------------------------------------------------
+
+
+class LinkLost(Exception):
+    """The link is gone: closed by the other side, broken, or silent past its deadline.
+
+    ``reason`` says which, as a phrase ("nothing came over the link for 5 s ...").
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Link:
+    """One side of an authenticated link: framed sends, heartbeats, a deadline on silence.
+
+    Sends are serialised by a lock (frames never interleave).  :meth:`receive`
+    returns the next messages, heartbeats left out, and raises
+    :class:`LinkLost` once the link is gone, by whatever cause; from then on
+    every :meth:`send` raises it too, and :meth:`lose` makes any send or
+    receive in progress raise it at once (a send to a cut link would
+    otherwise wait forever for a full send buffer to drain).  Run
+    :meth:`beat` in a task for as long as the link should be kept alive.
+    """
+
+    def __init__(self, stream: anyio.abc.ByteStream, timeout: float) -> None:
+        import anyio
+
+        self._stream = stream
+        self.timeout = timeout
+        self._decoder = FrameDecoder(MAX_LINK_FRAME, decoder())
+        self._lock = anyio.Lock()
+        self._lost: str | None = None
+        self._scopes: set[anyio.CancelScope] = set()
+
+    @property
+    def lost(self) -> str | None:
+        """Why the link is gone, or ``None`` while it holds."""
+        return self._lost
+
+    def lose(self, reason: str) -> None:
+        """Declare the link gone (the first reason stays); what waits on it fails now."""
+        if self._lost is None:
+            self._lost = reason
+        for scope in self._scopes:
+            scope.cancel()
+
+    @contextlib.contextmanager
+    def _until_lost(self) -> Iterator[anyio.CancelScope]:
+        import anyio
+
+        with anyio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
+
+    async def send(self, message: LinkMessage | bytes) -> None:
+        """Send one message (or an encoded frame); :class:`LinkLost` if the link is gone."""
+        import anyio
+
+        frame = message if isinstance(message, bytes) else encode(message)
+        if self._lost is not None:
+            raise LinkLost(self._lost)
+        with self._until_lost():
+            try:
+                async with self._lock:
+                    if self._lost is None:
+                        await self._stream.send(frame)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                self.lose(f"the link broke ({exc!r})")
+        if self._lost is not None:
+            raise LinkLost(self._lost)
+
+    async def receive(self) -> list[LinkMessage]:
+        """The next messages that came (never an empty list); :class:`LinkLost` when gone."""
+        import anyio
+
+        while True:
+            data = b""
+            with self._until_lost(), anyio.move_on_after(self.timeout) as quiet:
+                try:
+                    data = await self._stream.receive()
+                except anyio.EndOfStream:
+                    self.lose("closed the link")
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    self.lose(f"the link broke ({exc!r})")
+            if quiet.cancelled_caught:
+                self.lose(
+                    f"went silent: nothing came over the link for {self.timeout:g} s "
+                    "(link_timeout), so the link counts as cut"
+                )
+            if self._lost is not None:
+                raise LinkLost(self._lost)
+            try:
+                messages = self._decoder.feed(data)
+            except WireError as exc:
+                self.lose(f"sent a bad frame ({exc})")
+                raise LinkLost(str(self._lost)) from None
+            kept = [m for m in messages if not isinstance(m, Heartbeat)]
+            if kept:
+                return kept  # type: ignore[return-value]
+
+    async def beat(self) -> None:
+        """Send a heartbeat every :func:`heartbeat_interval` seconds until the link is gone."""
+        import anyio
+
+        frame = encode(Heartbeat())
+        interval = heartbeat_interval(self.timeout)
+        while self._lost is None:
+            await anyio.sleep(interval)
+            try:
+                await self.send(frame)
+            except LinkLost:
+                return
+
+
+# -- the agent's configuration -------------------------------------------------------------
+
+#: The variable that carries an agent's configuration (with srun; ssh sends it on stdin).
+CONFIG_ENV: Final = "CORRAL_AGENT_CONFIG"
+
+
+class AgentConfig(msgspec.Struct, frozen=True):
+    """What an agent is told when it starts (base64 JSON in :data:`CONFIG_ENV` or on stdin)."""
+
+    secret: str
+    address: str
+    port: int
+    index: int = -1  # -1: from SLURM_NODEID
+    host: str = ""
+    python: str = ""
+    watch_stdin: bool = True
+    log_level: int = 0
+    log_dir: str | None = None
+    start_timeout: float = 60.0  # to dial back
+    link_timeout: float = DEFAULT_LINK_TIMEOUT
+
+
+def encode_config(**fields: Any) -> str:
+    """The agent's configuration, for its stdin or environment (base64 JSON)."""
+    return base64.b64encode(msgspec.json.encode(AgentConfig(**fields))).decode()
+
+
+def decode_config(raw: str) -> AgentConfig:
+    """The configuration :func:`encode_config` made."""
+    return msgspec.json.decode(base64.b64decode(raw), type=AgentConfig)

@@ -1,0 +1,175 @@
+"""A launch's plan: the hosts, the workers on each, their environment, and the job they get."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from .._checks import check_grace
+from . import _link
+from ._hosts import (
+    MAX_WORKERS,
+    MAX_WORKERS_PER_HOST,
+    SSH,
+    environment_for_hosts,
+    slurm_hosts,
+    slurm_workers_per_host,
+)
+
+if TYPE_CHECKING:
+    from .._core._runner import Runner
+
+__all__ = ["Plan", "job_for", "make_plan", "pickle_job"]
+
+
+@dataclass
+class Plan:
+    hosts: list[str]  # names as given ("localhost" for this machine)
+    counts: list[int]
+    remote: bool
+    slurm: bool
+    ssh: SSH
+    env: dict[str, str | None]
+    grace: float
+    start_timeout: float
+    link_timeout: float
+    log_level: int
+    host_log_dir: str | None
+    argv: list[str] = field(default_factory=list)  # a command, not a function
+    firsts: list[int] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.counts)
+
+
+def make_plan(
+    runner: Runner,
+    *,
+    hosts: Sequence[str] | str | None,
+    workers_per_host: int | Sequence[int] | None,
+    extra_env: Mapping[str, str | None] | None,
+    copy_env: Sequence[str],
+    ssh: SSH | None,
+    start_timeout: float,
+    link_timeout: float,
+    grace: float | None,
+    log_level: int,
+    host_log_dir: str | None,
+) -> Plan:
+    slurm = hosts == "slurm"
+    if hosts is None:
+        names = ["localhost"]
+        remote = False
+    elif slurm:
+        names = slurm_hosts()
+        remote = True
+        if workers_per_host is None:
+            workers_per_host = slurm_workers_per_host()
+    elif isinstance(hosts, str):
+        raise TypeError(
+            f'hosts must be None, "slurm" or a list of host names, not the string {hosts!r}'
+        )
+    else:
+        names = [str(host) for host in hosts]
+        if not names:
+            raise ValueError("hosts is empty: give at least one host, or None for this machine")
+        for name in names:
+            if not name or not name.isprintable() or not _is_utf8(name):
+                raise ValueError(f"hosts: {name!r} is not a host name (printable UTF-8 text)")
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"hosts lists a host twice ({names}); use workers_per_host for more workers"
+            )
+        remote = True
+    if workers_per_host is None:
+        workers_per_host = 1
+    if isinstance(workers_per_host, int) and not isinstance(workers_per_host, bool):
+        counts = [workers_per_host] * len(names)
+    elif isinstance(workers_per_host, Sequence) and not isinstance(workers_per_host, str):
+        counts = [int(n) for n in workers_per_host]
+        if len(counts) != len(names):
+            raise ValueError(f"workers_per_host has {len(counts)} entries for {len(names)} hosts")
+    else:
+        raise TypeError("workers_per_host must be an int or one int per host")
+    if any(n < 1 for n in counts):
+        raise ValueError(f"workers_per_host must be at least 1 everywhere, not {counts}")
+    if max(counts) > MAX_WORKERS_PER_HOST:
+        raise ValueError(
+            f"workers_per_host may be at most {MAX_WORKERS_PER_HOST} on a host, not {max(counts)}"
+        )
+    if sum(counts) > MAX_WORKERS:
+        raise ValueError(
+            f"a launch may have at most {MAX_WORKERS} workers in all, not {sum(counts)} "
+            f"({len(names)} hosts)"
+        )
+    if isinstance(copy_env, str):
+        raise TypeError("copy_env is a sequence of globs, not one string")
+    ssh = ssh if ssh is not None else SSH()
+    if remote and not slurm:
+        ssh.check()
+    if not (math.isfinite(start_timeout) and start_timeout > 0):
+        raise ValueError(f"start_timeout must be a positive number of seconds, not {start_timeout}")
+    link_timeout = _link.check_link_timeout(link_timeout)
+    # Workers here inherit the launcher's environment: only extra_env (with
+    # its removals) goes on top.  Remote ones get the variables by rule.
+    env = environment_for_hosts(copy_env, extra_env) if remote else dict(extra_env or {})
+    plan = Plan(
+        hosts=names,
+        counts=counts,
+        remote=remote,
+        slurm=slurm,
+        ssh=ssh,
+        env=env,
+        grace=runner.grace if grace is None else check_grace(grace),
+        start_timeout=start_timeout,
+        link_timeout=link_timeout,
+        log_level=log_level,
+        host_log_dir=host_log_dir,
+    )
+    first = 0
+    for count in counts:
+        plan.firsts.append(first)
+        first += count
+    return plan
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # lone surrogates: bytes of an argument that were not UTF-8
+        return False
+    return True
+
+
+def pickle_job(func: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
+    if not callable(func):
+        raise TypeError(f"launch needs a callable, not {type(func).__name__}")
+    import cloudpickle
+
+    try:
+        return cast(bytes, cloudpickle.dumps((func, args)))
+    except Exception as exc:
+        raise TypeError(
+            f"cannot send {func!r} and its arguments to the workers: {exc} "
+            "(they travel pickled with cloudpickle)"
+        ) from exc
+
+
+def job_for(plan: Plan, host: int, payload: bytes, master_addr: str, master_port: int) -> _link.Job:
+    return _link.Job(
+        payload=payload,
+        world_size=plan.world_size,
+        first_rank=plan.firsts[host],
+        workers=plan.counts[host],
+        group_rank=host,
+        groups=len(plan.hosts),
+        master_addr=master_addr,
+        master_port=master_port,
+        env=plan.env,
+        grace=plan.grace,
+        log_level=plan.log_level,
+        argv=plan.argv,
+    )

@@ -1,0 +1,215 @@
+"""The workers of one host: started in a runner, fed their job, their outcomes reported.
+
+:class:`HostWorkers` starts one host's workers (``python -m corral._worker``,
+or the command of :meth:`Runner.launch_command`), feeds each its pickled job,
+and reports every outcome — a return value, an exception, an exit — to a
+:class:`Reporter`: the launch's coordinator on the launcher's own host
+(``hosts=None``), the link to the launcher in an agent on another host.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any, Protocol, cast
+
+import anyio
+
+from .._core._process import Process
+from .._logs._pipes import PipeReceiveStream
+from .._logs._wire import FrameDecoder, WireError
+from . import _link
+
+__all__ = ["HostWorkers", "Reporter"]
+
+
+class Reporter(Protocol):
+    """Where a host's workers' outcomes go (the launch coordinator, or the link)."""
+
+    async def result(self, host: int, message: _link.WorkerResult) -> None: ...
+
+    async def error(self, host: int, message: _link.WorkerError) -> None: ...
+
+    async def exited(self, host: int, message: _link.WorkerExit) -> None: ...
+
+
+class HostWorkers:
+    """The workers of one host, in a runner (the launcher's, or an agent's)."""
+
+    def __init__(
+        self,
+        runner: Any,
+        *,
+        host: int,
+        prefix: str,
+        python: str,
+        cwd: str | None = None,
+    ) -> None:
+        self._runner = runner
+        self._host = host
+        self._prefix = prefix
+        self._python = python
+        self._cwd = cwd
+        self._procs: list[Process] = []
+        self._stopping: float | None = None  # the grace of a stop under way
+
+    @property
+    def processes(self) -> list[Process]:
+        return list(self._procs)
+
+    async def run(self, job: _link.Job, reporter: Reporter) -> None:
+        """Start every worker of ``job`` on this host; return when all have exited.
+
+        Once :meth:`stop` was called, no further worker starts, and one whose
+        start was under way is stopped as soon as it is up.
+        """
+        async with anyio.create_task_group() as tg:
+            for local_rank in range(job.workers):
+                if self._stopping is not None:
+                    break
+                if job.argv:
+                    proc = await self._start_command(job, local_rank)
+                    self._procs.append(proc)
+                    tg.start_soon(self._report_exit, proc, local_rank, reporter)
+                else:
+                    proc, results = await self._start(job, local_rank)
+                    self._procs.append(proc)
+                    tg.start_soon(self._supervise, proc, results, local_rank, job.payload, reporter)
+                if self._stopping is not None:
+                    tg.start_soon(proc.stop, self._stopping)
+
+    async def stop(self, grace: float) -> None:
+        """Stop every worker that still runs (stop signal, grace, SIGKILL), all at once.
+
+        Also keeps :meth:`run` from starting any more.  Called again while a
+        stop is under way (the link was lost meanwhile, say), it sends no
+        second stop signal: the shorter grace brings SIGKILL forward.
+        """
+        first = self._stopping is None
+        self._stopping = grace if self._stopping is None else min(grace, self._stopping)
+        async with anyio.create_task_group() as tg:
+            for proc in self._procs:
+                if proc.returncode is None:
+                    tg.start_soon(self._stop_one if first else self._hasten, proc, grace)
+
+    @staticmethod
+    async def _stop_one(proc: Process, grace: float) -> None:
+        await proc.stop(grace)
+
+    @staticmethod
+    async def _hasten(proc: Process, grace: float) -> None:
+        """A stop of ``proc`` is under way: SIGKILL it if it still runs ``grace`` s from now."""
+        with anyio.move_on_after(grace):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+    @staticmethod
+    def _environment(job: _link.Job, local_rank: int) -> dict[str, str | None]:
+        """The worker's environment: the job's, and torchrun's variables for its rank."""
+        env: dict[str, str | None] = dict(job.env)
+        env.update(
+            RANK=str(job.first_rank + local_rank),
+            LOCAL_RANK=str(local_rank),
+            WORLD_SIZE=str(job.world_size),
+            LOCAL_WORLD_SIZE=str(job.workers),
+            GROUP_RANK=str(job.group_rank),
+            GROUP_WORLD_SIZE=str(job.groups),
+            ROLE_RANK=str(job.first_rank + local_rank),
+            MASTER_ADDR=job.master_addr,
+            MASTER_PORT=str(job.master_port),
+        )
+        return env
+
+    async def _start_command(self, job: _link.Job, local_rank: int) -> Process:
+        proc: Process = await self._runner.start(
+            job.argv,
+            name=f"{self._prefix}worker-{local_rank}",
+            extra_env=self._environment(job, local_rank),
+            cwd=self._cwd,
+            check=False,
+            grace=job.grace,
+        )
+        return proc
+
+    async def _report_exit(self, proc: Process, local_rank: int, reporter: Reporter) -> None:
+        code = await proc.wait()
+        await reporter.exited(
+            self._host, _link.WorkerExit(local_rank, proc.pid, code, proc.stderr_tail)
+        )
+
+    async def _start(self, job: _link.Job, local_rank: int) -> tuple[Process, PipeReceiveStream]:
+        read_end, write_end = os.pipe()
+        try:
+            env = self._environment(job, local_rank)
+            env["CORRAL_RESULT_FD"] = str(write_end)
+            proc = await self._runner.start(
+                [self._python, "-m", "corral._worker"],
+                name=f"{self._prefix}worker-{local_rank}",
+                extra_env=env,
+                cwd=self._cwd,
+                stdin=subprocess.PIPE,
+                pass_fds=(write_end,),
+                check=False,
+                grace=job.grace,
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        return proc, PipeReceiveStream(read_end, set())
+
+    async def _supervise(
+        self,
+        proc: Process,
+        results: PipeReceiveStream,
+        local_rank: int,
+        payload: bytes,
+        reporter: Reporter,
+    ) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._feed, proc, payload)
+            tg.start_soon(self._read_outcome, proc, results, reporter)
+        await self._report_exit(proc, local_rank, reporter)
+
+    async def _feed(self, proc: Process, payload: bytes) -> None:
+        stdin = proc.stdin
+        assert stdin is not None
+        try:
+            await stdin.send(payload)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the worker died before it read its job: its exit says why
+        finally:
+            await stdin.aclose()
+
+    async def _read_outcome(
+        self, proc: Process, results: PipeReceiveStream, reporter: Reporter
+    ) -> None:
+        decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
+
+        async def child_exited() -> None:
+            await proc.wait()
+            results.child_exited()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child_exited)
+                while True:
+                    try:
+                        data = await results.receive()
+                    except (anyio.EndOfStream, anyio.ClosedResourceError):
+                        break
+                    try:
+                        messages = cast(list[Any], decoder.feed(data))
+                    except WireError:
+                        break  # garbage from a dying worker: its exit says the rest
+                    for message in messages:
+                        if isinstance(message, _link.WorkerResult):
+                            await reporter.result(self._host, message)
+                        elif isinstance(message, _link.WorkerError):
+                            await reporter.error(self._host, message)
+                tg.cancel_scope.cancel()
+        finally:
+            results.close()

@@ -1,0 +1,17 @@
+"""The log path: every line and record of every child, on its way to the handlers.
+
+In the order a line travels: ``_wire`` (the frame format of log connections)
+and ``_child_logging`` (the child's handler) are the child side, standard
+library and msgspec only; then ``_records`` (the factory of
+:class:`logging.LogRecord` objects and the formatting helpers), ``_chunks``
+(what producers queue: :class:`Chunk` and its :class:`StreamState`),
+``_pipes`` (reading a child's pipes), ``_server`` (the runner's log socket),
+``_collector`` (the bounded hand-off to one worker thread), ``_router``
+(blocks into lines and records, routes), ``_sinks`` and ``_console``
+(corral's own destinations: files, the console), ``_sources`` (sources,
+their backlogs, live tails) and ``_hub`` (one runner's log service, which
+owns the rest).
+
+Public face: _wire, _child_logging, _records, _chunks, _pipes, _router, _sinks, _console,
+_sources, _hub
+"""

@@ -1,0 +1,12 @@
+"""What corral needs from Linux and from each event loop, in one place.
+
+``_platform``: spawning into a new process group, pidfds, an exit status read
+without reaping, ``/proc``, ``RLIMIT_NOFILE``.  ``_backend``: the few facts of
+the running loop AnyIO has no API for (callbacks from a signal handler, the
+loop's liveness, Trio's KeyboardInterrupt protection, asyncio's native
+cancellation).  ``_childenv``: the ``CORRAL_*`` environment a child is started
+with (the child side imports it, so it is standard library only).  A port to
+another Unix replaces this folder, and the lifeline's scan of ``/proc``.
+
+Public face: _platform, _backend, _childenv
+"""

@@ -1,0 +1,393 @@
+"""Everything that is specific to Linux, in one place.
+
+corral needs a handful of operating-system facilities that the standard
+library exposes thinly or not at all:
+
+* spawning a child as the leader of a process group of its own, with chosen
+  descriptors in chosen slots and nothing else inherited.  :class:`subprocess.Popen`
+  does this well (``process_group=0``, ``close_fds``, ``cwd``, ``user``...,
+  with ``vfork`` and ``close_range`` under the hood, as fast as
+  ``posix_spawn`` here), so corral uses it for the spawn alone and manages
+  the child itself from then on;
+* a *pidfd*, a descriptor that becomes readable when a process exits, so
+  that waiting for a child is an ordinary "wait until readable" on the event
+  loop rather than a thread blocked in ``waitpid`` or a polling loop;
+* reading a child's exit status *without* reaping it (``waitid`` with
+  ``WNOWAIT``): while the exited leader stays a zombie, its process-group id
+  cannot be handed to another process, so the runner can still signal what
+  the child left behind in its group safely;
+* ``/proc``: whether a process has begun to exit, and its process group;
+* the descriptor limit (``RLIMIT_NOFILE``).
+
+A port to another Unix replaces this module (and the lifeline's ``/proc``
+scan) and nothing else.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import shutil
+import signal
+import subprocess
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
+
+from .._errors import CorralError
+from . import _childenv
+
+__all__ = [
+    "FD_PER_CHILD",
+    "StatusLost",
+    "exit_status",
+    "fd_limits",
+    "is_exiting",
+    "open_status",
+    "pidfd_open",
+    "raise_fd_limit",
+    "require_pidfd",
+    "reap",
+    "signal_group",
+    "spawn",
+    "wait_blocking",
+]
+
+#: Descriptors the launcher holds per running child at most: the pidfd and
+#: the read ends of its stdout and stderr pipes.  Features that add channels
+#: (a log connection, ``stdin=PIPE``) add one each while in use; the start-up
+#: handshake adds two until the start is decided (its pipe, and the child's
+#: ``/proc`` status).
+FD_PER_CHILD = 3
+
+# The start-up handshake needs the pipe at descriptor 3 in the child, and
+# Popen can place descriptors only at 0, 1 and 2.  So a child that reports
+# its start is started through a one-line shell script that receives the
+# pipe as its stdin, moves it to 3, sets up the real stdin and *replaces
+# itself* with the program: the pid, process group, argv (argv[0] included)
+# and environment are the program's own.  dash handles single-digit
+# descriptors only, so a stdin other than /dev/null, which arrives at a
+# number above 9, is moved by bash.
+_HANDSHAKE_SHIM_NULL: Final = 'exec 3>&0 0</dev/null && exec "$@"'
+_HANDSHAKE_SHIM_FD: Final = 'exec 3>&0 0<&{fd} {fd}<&- && exec "$@"'
+_SHIM_NAME: Final = "corral-handshake"
+
+
+class StatusLost(ChildProcessError):
+    """A child's exit status could not be read: someone else reaped it.
+
+    Happens when the application ignores ``SIGCHLD`` (the kernel then reaps
+    every child itself) or reaps children on its own (``waitpid(-1)``).
+    """
+
+
+def _resolve(program: str, env: Mapping[bytes, bytes], cwd: str | None) -> None:
+    """Raise as :mod:`subprocess` would if ``program`` cannot be executed."""
+    if os.sep in program:
+        path = program if cwd is None else os.path.join(cwd, program)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise PermissionError(errno.EACCES, "Permission denied", program)
+        return
+    search = env.get(b"PATH")
+    found = shutil.which(program, path=os.fsdecode(search) if search is not None else os.defpath)
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+
+
+def spawn(
+    argv: Sequence[str | bytes | os.PathLike[str] | os.PathLike[bytes]],
+    *,
+    env: Mapping[bytes, bytes],
+    cwd: str | os.PathLike[str] | None,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    handshake: int | None = None,
+    pass_fds: Collection[int] = (),
+    start_new_session: bool = False,
+    user: str | int | None = None,
+    group: str | int | None = None,
+    extra_groups: Collection[str | int] | None = None,
+    umask: int = -1,
+) -> int:
+    """Start ``argv`` as the leader of a new process group and return its pid.
+
+    ``stdin``, ``stdout`` and ``stderr`` are descriptors of ours that the
+    child gets as 0, 1 and 2 (or :data:`subprocess.DEVNULL`); ``handshake``,
+    if given, becomes its descriptor 3.  Nothing else the launcher has open leaks into the child
+    (``close_fds``), except ``pass_fds``.  Errors that :mod:`subprocess`
+    reports as exceptions (no such program, no such directory, not
+    executable) are raised here, with nothing left running.
+
+    This call blocks for the few hundred microseconds a ``vfork``-style
+    spawn takes; CPython holds the GIL through it, so a worker thread would
+    stall the event loop just as long.  The runner calls it on the loop
+    thread, one child at a time, and yields in between.
+    """
+    if not argv:
+        raise ValueError("argv must name a program")
+    args = list(argv)
+    passed = set(pass_fds)
+    if handshake is not None:
+        if _childenv.HANDSHAKE_FD in passed:
+            raise ValueError(
+                f"pass_fds may not contain {_childenv.HANDSHAKE_FD} with wait_started=True: "
+                "the child receives the start-up handshake pipe there"
+            )
+        program = os.fsdecode(args[0])
+        cwd_text = os.fsdecode(cwd) if cwd is not None else None
+        if cwd_text is not None and not os.path.isdir(cwd_text):
+            if os.path.exists(cwd_text):
+                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", cwd_text)
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", cwd_text)
+        _resolve(program, env, cwd_text)
+        if stdin == subprocess.DEVNULL:
+            args = ["/bin/sh", "-c", _HANDSHAKE_SHIM_NULL, _SHIM_NAME, *args]
+        else:
+            if not os.path.exists("/bin/bash"):  # pragma: no cover - bash is everywhere here
+                raise OSError(
+                    errno.ENOENT,
+                    "wait_started=True with a stdin other than DEVNULL needs /bin/bash",
+                )
+            passed.add(stdin)
+            script = _HANDSHAKE_SHIM_FD.format(fd=stdin)
+            args = ["/bin/bash", "-p", "-c", script, _SHIM_NAME, *args]
+        stdin = handshake
+    popen = subprocess.Popen(
+        args,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        cwd=cwd,
+        close_fds=True,
+        pass_fds=tuple(sorted(passed)),
+        user=user,
+        group=group,
+        extra_groups=extra_groups,
+        umask=umask,
+        start_new_session=start_new_session,
+        # A new session makes the child the leader of a new group already.
+        process_group=None if start_new_session else 0,
+    )
+    # From here on the child is ours: the runner waits for it on a pidfd and
+    # reaps it itself.  Mark the Popen object finished so that it never calls
+    # waitpid on the child (its __del__ would, via subprocess._cleanup).
+    popen.returncode = 0
+    pid: int = popen.pid
+    return pid
+
+
+def pidfd_open(pid: int) -> int:
+    """A descriptor that becomes readable when ``pid`` exits (close-on-exec)."""
+    return os.pidfd_open(pid)
+
+
+_pidfd_works = False
+
+
+def require_pidfd() -> None:
+    """Raise :class:`~corral.CorralError` unless this system gives pidfds.
+
+    corral waits for every child on its pidfd (``pidfd_open``, Linux 5.3 and
+    later).  Where the call is missing (an older kernel) or forbidden (a
+    seccomp filter, such as an older container runtime's default profile),
+    nothing else would work; better to say so, once, at the runner's entry
+    than to fail at the first child with a bare ``ENOSYS`` or ``EPERM``.
+    """
+    global _pidfd_works
+    if _pidfd_works:
+        return
+    if not hasattr(os, "pidfd_open"):
+        raise CorralError(
+            "corral needs os.pidfd_open (Python on Linux 5.3 or later) to wait for its "
+            "children; this Python does not have it"
+        )
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        raise CorralError(
+            f"corral cannot wait for its children here: the pidfd_open system call fails "
+            f"with {name} ({exc.strerror}). corral needs Linux 5.3 or later, with "
+            "pidfd_open allowed: a seccomp filter (a container's profile, a sandbox) "
+            "that forbids it must allow it"
+        ) from exc
+    os.close(fd)
+    _pidfd_works = True
+
+
+def exited_stand_in() -> int:
+    """A descriptor that is readable at once: the pidfd of a child that is already gone."""
+    return os.eventfd(1, os.EFD_CLOEXEC)
+
+
+def exit_status(pid: int) -> int | None:
+    """The exit status of ``pid`` if it has exited, without reaping it.
+
+    Returns ``None`` while it runs; otherwise the code in the convention of
+    :mod:`subprocess`: the exit code, or ``-signum`` if a signal killed it.
+    Raises :class:`StatusLost` if the child was reaped by someone else.
+    """
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        raise StatusLost(
+            errno.ECHILD, f"the exit status of pid {pid} was collected elsewhere"
+        ) from None
+    if result is None or result.si_pid == 0:
+        return None
+    if result.si_code == os.CLD_EXITED:
+        return result.si_status
+    return -result.si_status
+
+
+def describe_status(returncode: int) -> str:
+    """``"exited with code 3"`` or ``"killed by SIGTERM"``."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def describe_exit(pid: int) -> str:
+    """How an exited child ended, for a message (without reaping it)."""
+    try:
+        status = exit_status(pid)
+    except StatusLost:
+        return "its exit status was collected elsewhere"
+    return "still running" if status is None else describe_status(status)
+
+
+def wait_blocking(pid: int) -> int:
+    """Wait for ``pid`` to exit and return its status without reaping it (blocks).
+
+    Raises :class:`StatusLost` if the child was reaped by someone else.
+    """
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        raise StatusLost(
+            errno.ECHILD, f"the exit status of pid {pid} was collected elsewhere"
+        ) from None
+    if result is None:  # pragma: no cover - cannot happen without WNOHANG
+        raise StatusLost(errno.ECHILD, f"no exit status for pid {pid}")
+    return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
+
+
+_PF_EXITING = 0x4
+
+
+def _parse_stat(stat: bytes) -> list[bytes]:
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or ``None`` if gone.
+
+    Opens a descriptor for the read: raises :class:`OSError` (``EMFILE``) when
+    the process has none left.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return _parse_stat(stat)
+
+
+def open_status(pid: int) -> int:
+    """A descriptor on ``/proc/<pid>/stat``, for :func:`is_exiting` to read without opening one.
+
+    Taken right after the spawn, while the child cannot have been reaped (so
+    its pid is still its own), and kept as long as the answer may be needed.
+    """
+    return os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def is_exiting(status: int) -> bool:
+    """Whether the process has begun to exit (or is gone), even before it is a zombie.
+
+    A process closes its descriptors early in its exit, before its parent
+    can see the exit status; a reader that sees end-of-file on a pipe from
+    the child asks this to tell "the child closed it" from "the child is
+    exiting".  Reads the ``PF_EXITING`` flag from ``/proc/<pid>/stat``,
+    through ``status``, a descriptor from :func:`open_status`: the answer
+    never needs a new descriptor, so it holds at the descriptor limit too.
+    """
+    try:
+        stat = os.pread(status, 4096, 0)
+    except ProcessLookupError:
+        return True  # reaped
+    fields = _parse_stat(stat)
+    state, flags = fields[0], int(fields[6])
+    return state in (b"Z", b"X", b"x") or bool(flags & _PF_EXITING)
+
+
+def gone_or_in_group(pid: int, pgid: int) -> bool:
+    """Whether ``pid`` has exited (or is a zombie) or is still a member of group ``pgid``.
+
+    Asks ``getpgid`` first, which needs no descriptor; only a process in
+    another group costs a read of ``/proc`` (to tell a zombie).  If that read
+    is impossible (no descriptor left), the process counts as alive elsewhere.
+    """
+    try:
+        if os.getpgid(pid) == pgid:
+            return True
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    try:
+        fields = _stat_fields(pid)
+    except OSError:
+        return False
+    if fields is None:
+        return True
+    return fields[0] in (b"Z", b"X", b"x") or int(fields[2]) == pgid
+
+
+def reap(pid: int) -> None:
+    """Collect an exited child so that its pid (and process-group id) are released."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to every process in group ``pgid``; ``False`` if none is left."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        # A member changed its credentials (setuid); the rest got the signal.
+        return True
+    return True
+
+
+def fd_limits() -> tuple[int, int]:
+    """The soft and hard ``RLIMIT_NOFILE``."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def raise_fd_limit() -> bool:
+    """Raise the soft descriptor limit toward the hard one; ``False`` if already there."""
+    soft, hard = fd_limits()
+    if hard != resource.RLIM_INFINITY and soft >= hard:
+        return False
+    target = soft * 2 if soft > 0 else 1024
+    if hard != resource.RLIM_INFINITY:
+        target = min(target, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return False
+    return True
