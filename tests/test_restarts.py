@@ -28,8 +28,8 @@ import pytest
 from tests.conftest import TAG_VAR, ListHandler, release
 
 import corral
-import corral._core._process
-from corral._core._process import MAX_BACKOFF, RestartPolicy
+import corral._core._supervisor
+from corral._core._options import MAX_BACKOFF, RestartPolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -320,7 +320,7 @@ async def test_a_stable_run_resets_the_count(
     spends the budget: run 3 never starts.
     """
     if stable_after is not None:
-        monkeypatch.setattr(corral._core._process, "STABLE_AFTER", stable_after)
+        monkeypatch.setattr(corral._core._supervisor, "STABLE_AFTER", stable_after)
     backoff = 0.05
     script = f"{COUNT}; [ $n -eq 2 ] && sleep 0.6; exit 3"
     records = Records()

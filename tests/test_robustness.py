@@ -141,7 +141,7 @@ async def test_a_stop_signal_that_cannot_be_sent_still_ends_in_sigkill(tag: str)
     logs = ListHandler()
     async with corral.open_runner(console=False, handlers=[logs], grace=30) as r:
         p = await r.start(["sleep", "1000"], name="s", extra_env={TAG_VAR: tag})
-        p._stop_signal = 999  # past validation, as a broken stop path would see it
+        p._sup._stop_signal = 999  # past validation, as a broken stop path would see it
         with anyio.fail_after(5):
             assert await p.stop() == -signal.SIGKILL
     assert any("cannot send its stop signal" in m for m in logs.messages("corral"))

@@ -84,11 +84,11 @@ _HOMES = {
     "StartupFailed": "_errors",
     "WrongLoopError": "_errors",
     "open_runner": "_core._runner",
-    "SyncLogTail": "_sync",
-    "SyncProcess": "_sync",
-    "SyncRunner": "_sync",
-    "launch": "_sync",
-    "open_runner_sync": "_sync",
+    "SyncLogTail": "_sync._handles",
+    "SyncProcess": "_sync._handles",
+    "SyncRunner": "_sync._runner",
+    "launch": "_sync._runner",
+    "open_runner_sync": "_sync._runner",
 }
 
 
@@ -128,4 +128,5 @@ if TYPE_CHECKING:
     from ._logs._router import Route
     from ._logs._sources import LogTail
     from ._results import CompletedProcess, LaunchResult
-    from ._sync import SyncLogTail, SyncProcess, SyncRunner, launch, open_runner_sync
+    from ._sync._handles import SyncLogTail, SyncProcess
+    from ._sync._runner import SyncRunner, launch, open_runner_sync

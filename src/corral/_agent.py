@@ -7,6 +7,7 @@ the package's layout.
 import sys
 
 if __name__ == "__main__":
+    from ._core._runner import open_runner
     from ._launch._agent import main
 
-    sys.exit(main())
+    sys.exit(main(open_runner))

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TextIO, TypeVar, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -18,9 +18,24 @@ import anyio.to_thread
 from ._group import Output
 from ._io import EXIT_PIPE, Stdout, fail, say
 
-__all__ = ["Status", "call_soon", "check_written", "main_loop"]
+if TYPE_CHECKING:
+    from corral import ConsoleHandler, Process, Runner
+
+    from .._sys._backend import LoopHandle
+
+__all__ = ["Job", "Status", "call_soon", "check_written", "main_loop"]
 
 _E = TypeVar("_E", bound=BaseException)
+
+
+class Job(Protocol):
+    """What ``corral run`` and ``corral up`` do in their runner; its exit code."""
+
+    @property
+    def programs(self) -> Sequence[str]:
+        """The programs it starts (an OS error about one of them is the shell's "cannot run")."""
+
+    async def __call__(self, r: Runner, status: Status) -> int: ...
 
 
 @dataclass
@@ -28,19 +43,19 @@ class Status:
     """The live status table: what the runner's processes are doing."""
 
     restarts: int = 0
-    seen: dict[str, Any] = field(default_factory=dict)
+    seen: dict[str, Process] = field(default_factory=dict)
     #: The last exit code of each name, whichever Process object it was (a
     #: group restart starts new ones), recorded as it happens.
     last: dict[str, int] = field(default_factory=dict)
     changed: anyio.Event = field(default_factory=anyio.Event)
 
-    def observe(self, proc: Any, state: str) -> None:
+    def observe(self, proc: Process, state: str) -> None:
         """A runner observer (on the loop): note exits, redraw soon."""
         if state == "exited" and proc.returncode is not None:
             self.last[proc.name] = proc.returncode
         self.changed.set()
 
-    def rows(self, processes: Sequence[Any]) -> Iterator[tuple[str, ...]]:
+    def rows(self, processes: Sequence[Process]) -> Iterator[tuple[str, ...]]:
         for proc in processes:
             self.seen[proc.name] = proc
         now = time.monotonic()
@@ -62,7 +77,7 @@ class Status:
                 "-" if last is None else str(last),
             )
 
-    def render(self, processes: Sequence[Any], width: int, colour: bool) -> list[bytes]:
+    def render(self, processes: Sequence[Process], width: int, colour: bool) -> list[bytes]:
         from rich.console import Console
         from rich.table import Table
 
@@ -94,7 +109,7 @@ def check_written(stdout: Stdout) -> None:
         fail(f"cannot write to stdout: {stdout.error.strerror or stdout.error}", 1)
 
 
-def call_soon(loop: Any, fn: Callable[[], object]) -> None:
+def call_soon(loop: LoopHandle, fn: Callable[[], object]) -> None:
     """``fn()`` on ``loop`` soon, from any thread; nothing if the loop has finished."""
     try:
         loop.call_soon_threadsafe(fn)
@@ -102,7 +117,7 @@ def call_soon(loop: Any, fn: Callable[[], object]) -> None:
         pass
 
 
-def main_loop(name: str, output: Output, job: Any) -> NoReturn:
+def main_loop(name: str, output: Output, job: Job) -> NoReturn:
     stdout = Stdout(sys.stdout)
     try:
         code = anyio.run(_serve, name, output, job, stdout)
@@ -180,7 +195,7 @@ def _first(group: BaseExceptionGroup[BaseException], kind: type[_E]) -> _E | Non
     return exc
 
 
-async def _serve(name: str, output: Output, job: Any, stdout: Stdout) -> int:
+async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
     import corral
 
     console = corral.ConsoleHandler(
@@ -201,7 +216,7 @@ async def _serve(name: str, output: Output, job: Any, stdout: Stdout) -> int:
     ) as r:
         loop = r.token.loop
         stdout.when_gone(lambda: call_soon(loop, r.cancel))
-        r._observers.append(status.observe)
+        r.add_observer(status.observe)
         if r.monitor_url is not None:
             say(f"corral: monitor at {r.monitor_url}")
         try:
@@ -220,18 +235,17 @@ async def _serve(name: str, output: Output, job: Any, stdout: Stdout) -> int:
     return code
 
 
-async def _show_status(r: Any, console: Any, status: Status) -> None:
+async def _show_status(r: Runner, console: ConsoleHandler, status: Status) -> None:
     """Redraw the status table on every start and exit, and twice a second.
 
     The drawing runs on the log handlers' thread, never at the same time as
     a batch of lines.
     """
-    limiter = r._hub.collector._limiter
     while True:
         status.changed = anyio.Event()
-        width = console._width()
+        width = console.width
         lines = status.render(r.processes, width, bool(console.colour))
-        await anyio.to_thread.run_sync(console.set_footer, lines, limiter=limiter)
+        await r.to_log_thread(console.set_footer, lines)
         with anyio.move_on_after(0.5):
             await status.changed.wait()
         await anyio.sleep(0.05)  # a burst of exits is drawn once

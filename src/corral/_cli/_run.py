@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import click
@@ -22,6 +22,9 @@ from ._group import (
 )
 from ._io import exit_code
 from ._loop import Status, main_loop
+
+if TYPE_CHECKING:
+    from corral import SSH, Runner
 
 __all__ = ["run"]
 
@@ -160,7 +163,7 @@ class _RunJob:
     argv: list[str]
     nproc: int | None
     hosts: list[str] | str | None
-    ssh: Any
+    ssh: SSH
     restart: str
     max_restarts: int
     grace: float
@@ -171,10 +174,10 @@ class _RunJob:
         """The programs the job starts."""
         return self.argv[:1]
 
-    async def __call__(self, r: Any, status: Status) -> int:
+    async def __call__(self, r: Runner, status: Status) -> int:
         import corral
 
-        from .._core._process import RestartPolicy
+        from .._core._options import RestartPolicy
 
         attempt = 0
         while True:
@@ -190,13 +193,13 @@ class _RunJob:
                 return 0
             except corral.WorkerFailed as failure:
                 if self.restart != "on-failure" or attempt >= self.max_restarts:
-                    r._hub.log(logging.ERROR, str(failure).split("\n", 1)[0])
+                    r.log(logging.ERROR, str(failure).split("\n", 1)[0])
                     return exit_code(failure.returncode if failure.returncode is not None else 1)
                 attempt += 1
                 status.restarts = attempt
                 # The library's policy: 1 s doubled each time, with jitter, at most 30 s.
                 delay = RestartPolicy("on-failure", self.max_restarts).delay(attempt)
-                r._hub.log(
+                r.log(
                     logging.WARNING,
                     f"restarting the worker group in {delay:.2f} s (restart {attempt} of "
                     f"{self.max_restarts}): {failure}",

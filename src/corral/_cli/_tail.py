@@ -6,7 +6,7 @@ import logging
 import re
 import sys
 import time
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import anyio
 import click
@@ -14,6 +14,9 @@ import click
 from ._group import CONTEXT, text_option
 from ._io import EXIT_PIPE, Stdout, say, shorten
 from ._loop import call_soon, check_written
+
+if TYPE_CHECKING:
+    from corral import ConsoleHandler
 
 __all__ = ["MAX_TAIL_MESSAGE", "tail"]
 
@@ -198,6 +201,6 @@ async def _follow(url: str, level: int, stdout: Stdout, prefix: bool, colour: bo
         console.close()
 
 
-def _print_all(console: Any, records: list[logging.LogRecord]) -> None:
+def _print_all(console: ConsoleHandler, records: list[logging.LogRecord]) -> None:
     for record in records:
         console.handle(record)

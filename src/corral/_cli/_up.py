@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import click
@@ -16,6 +16,9 @@ from ._group import CONTEXT, MAX_COPIES, Output, output_options, run_name
 from ._io import exit_code, shorten
 from ._loop import Status, main_loop
 from ._procfile import EnvFileError, ProcfileError, parse_env_file, parse_procfile, read_input_file
+
+if TYPE_CHECKING:
+    from corral import Process, Runner
 
 __all__ = ["up"]
 
@@ -186,7 +189,7 @@ class _UpJob:
     #: The programs the job starts: each command runs through the shell.
     programs = ("/bin/sh",)
 
-    async def __call__(self, r: Any, status: Status) -> int:
+    async def __call__(self, r: Runner, status: Status) -> int:
         started = []
         for index, (name, command) in enumerate(self.processes.items()):
             for copy in range(self.counts[name]):
@@ -202,9 +205,9 @@ class _UpJob:
                     )
                 )
         first = anyio.Event()
-        ended: list[Any] = []
+        ended: list[Process] = []
 
-        async def watch(proc: Any) -> None:
+        async def watch(proc: Process) -> None:
             await proc.wait()
             if not ended:
                 ended.append(proc)
@@ -215,11 +218,12 @@ class _UpJob:
                 tg.start_soon(watch, proc)
             await first.wait()
             proc = ended[0]
-            r._hub.log(
+            r.log(
                 logging.INFO,
                 f"{proc.name} exited with code {proc.returncode}: stopping the others",
             )
             tg.cancel_scope.cancel()
         code = ended[0].returncode
+        assert code is not None  # it was waited for
         r.cancel()
         return exit_code(code)

@@ -38,34 +38,36 @@ import signal
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-from anyio.abc import TaskGroup
 
 from .._checks import check_grace, check_signal
-from .._launch import _launcher
+from .._launch._context import LaunchContext
 from .._launch._hosts import SSH
 from .._launch._options import DEFAULT_LINK_TIMEOUT, DEFAULT_START_TIMEOUT
 from .._logs._hub import LogHub
 from .._logs._router import Route
 from .._monitor._clients import MonitorSink
-from .._monitor._serve import serve as serve_monitor
 from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
-from .._sys import _backend, _platform
+from .._sys import _backend
 from . import _signals
 from ._lifeline import Lifeline
-from ._process import Process, ProcessServices, Restart, RestartPolicy
-from ._spawn import Spawner, SpawnSpec, describe_argv
+from ._options import Restart, RestartPolicy
+from ._process import Process
+from ._scope import Scope
+from ._spawn import SpawnSpec, describe_argv
 from ._stdio import DEVNULL, LOG, PIPE, LogOption
+from ._supervisor import Supervisor
 from ._token import LoopToken
 
 __all__ = ["Runner", "open_runner"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 StrOrPath = str | os.PathLike[str]
 Output = LogOption | int | IO[Any] | None
@@ -131,20 +133,21 @@ class Runner:
             propagate=bool(propagate),
         )
         self._lifeline = Lifeline(on_error=self._lifeline_error)
-        self._handle_signals = handle_signals
-        self._token: LoopToken | None = None
-        self._tg: TaskGroup | None = None
         self._live: dict[str, Process] = {}
         self._entered = False
-        self._closing = False
-        self._aborted = False
-        self._children_done = anyio.Event()
         self._name_counters: dict[str, int] = {}
-        self._signals: _signals.Subscription | None = None
-        self._signal_pending = False
         self._observers: list[Callable[[Process, str], None]] = []
-        self._services: ProcessServices | None = None
-        self._host_hold: _backend.HostHold | None = None
+        if self._monitor is not None:
+            self._observers.append(self._monitor.process_event)
+        self._scope = Scope(
+            name,
+            hub=self._hub,
+            lifeline=self._lifeline,
+            monitor=self._monitor,
+            handle_signals=handle_signals,
+            live_count=lambda: len(self._live),
+            protected=_internal_modules,
+        )
 
     # -- properties -------------------------------------------------------------------
 
@@ -161,9 +164,10 @@ class Runner:
     @property
     def token(self) -> LoopToken:
         """The :class:`LoopToken` of the loop this runner belongs to (captured on entry)."""
-        if self._token is None:
+        token = self._scope.token
+        if token is None:
             raise RuntimeError("the runner has not been entered yet (use 'async with')")
-        return self._token
+        return token
 
     @property
     def log_path(self) -> str | None:
@@ -195,127 +199,8 @@ class Runner:
         if self._entered:
             raise RuntimeError("a Runner can be entered only once; call open_runner() again")
         self._entered = True
-        _platform.require_pidfd()
-        token = LoopToken.current()
-        if token.backend == "trio":
-            _backend.protect_on_trio(_internal_modules())
-        self._token = token
-        hub = self._hub
-        entered: list[str] = []
-        try:
-            entered.append("hub")
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(hub.prepare)
-            self._lifeline.start()
-            entered.append("lifeline")
-            self._lifeline.add_folder(hub.server.folder)
-            self._signals = _signals.subscribe(
-                self._name, self._handle_signals, token.loop, self._on_signal, self._abort
-            )
-            entered.append("signals")
-            spawner = Spawner(self._name, self._lifeline, hub.log, lambda: len(self._live))
-            tg = anyio.create_task_group()
-            await tg.__aenter__()
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._undo_entry(entered)
-            raise
-        self._tg = tg
-        self._services = ProcessServices(
-            token=token,
-            runner_name=self._name,
-            hub=hub,
-            spawner=spawner,
-            lifeline_remove=self._lifeline.remove,
-            signals=self._signals,
-            on_exit=self._process_exited,
-            on_event=self._process_event,
-            open_streams=set(),
-        )
-        # Each service must run, or the exit waits for it forever (the
-        # collector's hand-over, the log server's end, the monitor's): they
-        # are started surely, all of them even if a native cancellation
-        # (Ctrl-C under asyncio.run, its end) comes meanwhile.  Then the
-        # runner leaves as a block cancelled at once would, and the
-        # cancellation goes on.
-        services: list[_backend.SureTask] = [
-            (hub.collector.run, (), f"corral log collector {self._name}"),
-            (hub.serve, (self._children_done,), f"corral log server {self._name}"),
-            (self._lifeline.watch, (self._children_done,), f"corral lifeline {self._name}"),
-        ]
-        if self._monitor is not None:
-            self._observers.append(self._monitor.process_event)
-            self._monitor.set_log_path(hub.log_path)
-            services.append((self._serve_monitor, (self._monitor,), f"corral monitor {self._name}"))
-        try:
-            await _backend.start_surely(tg, *services)
-        except BaseException as exc:
-            await self._leave_entry(exc)
-            raise
-        if self._monitor is not None:
-            await self._monitor_listens(self._monitor)
-            hub.log(logging.INFO, f"monitor at {self._monitor.url}")
-        # In Trio's guest mode on asyncio: stop in order when the host ends.
-        self._host_hold = _backend.hold_asyncio_host(token.loop, self._on_host_ending)
-        if self._signal_pending:
-            tg.cancel_scope.cancel()  # a signal arrived while we were entering
+        await self._scope.enter()
         return self
-
-    async def _leave_entry(self, exc: BaseException) -> None:
-        """Exit the runner as a block that started nothing would, on the way out with ``exc``."""
-        try:
-            await self.__aexit__(type(exc), exc, exc.__traceback__)
-        except BaseException as teardown:
-            if teardown is not exc:
-                raise
-
-    async def _monitor_listens(self, monitor: Monitor) -> None:
-        """Wait (within the monitor's ``LISTEN_TIMEOUT``) until the monitor listens.
-
-        If it cannot, or the wait is cancelled (Ctrl-C), the runner is exited
-        as a block that started nothing would be, and the monitor's error (or
-        the cancellation) raised.
-        """
-        try:
-            await monitor.ready.wait()
-        except BaseException as exc:
-            await self._leave_entry(exc)
-            raise
-        if monitor.error is not None:
-            await self.__aexit__(None, None, None)
-            raise monitor.error
-
-    async def _serve_monitor(self, monitor: Monitor) -> None:
-        """The monitor's life: from entry until every child is gone (then "end")."""
-        assert self._token is not None
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tg:
-
-                async def end_with_the_children() -> None:
-                    await self._children_done.wait()
-                    # Their last lines may still be on their way to the sinks,
-                    # the monitor's among them: let them arrive first (bounded,
-                    # like the log service's own wait for a stuck handler).
-                    with anyio.move_on_after(10):
-                        await self._hub.delivered(self._hub.collector.mark())
-                    monitor.end()
-
-                await _backend.start_surely(
-                    tg, (end_with_the_children, (), f"corral monitor end {self._name}")
-                )
-                await serve_monitor(monitor, self._token.loop)
-
-    async def _undo_entry(self, entered: list[str]) -> None:
-        if "signals" in entered and self._signals is not None:
-            try:
-                self._signals.close(None)
-            except BaseException:
-                pass  # we are failing anyway; the signal's meaning is lost only if it came now
-            self._signals = None
-        if "lifeline" in entered:
-            await self._lifeline.aclose()
-        if "hub" in entered:
-            await self._hub.abandon()
 
     async def __aexit__(
         self,
@@ -323,42 +208,7 @@ class Runner:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        assert self._tg is not None
-        self._closing = True
-        if not self._live:
-            self._children_done.set()
-        error: BaseException | None = None
-        try:
-            return await self._tg.__aexit__(exc_type, exc, tb)
-        except BaseException as caught:
-            error = caught
-            raise
-        finally:
-            try:
-                if self._signals is not None:
-                    # Raises KeyboardInterrupt or Signalled if a signal stopped us.
-                    self._signals.close(error)
-            finally:
-                del error
-                with anyio.CancelScope(shield=True):
-                    await self._lifeline.aclose()
-                    with anyio.move_on_after(10):
-                        await anyio.to_thread.run_sync(
-                            self._hub.close_blocking, abandon_on_cancel=True
-                        )
-                for source in self._hub.sources():
-                    source.end()
-                if self._services is not None:
-                    # Pipes handed out as streams and not closed by their users:
-                    # every child has exited, nobody can wait on them any more.
-                    for stream in list(self._services.open_streams):
-                        stream.close()
-                if self._host_hold is not None:
-                    self._host_hold.release()
-                if self._signals is not None:
-                    # A signal nobody held before ends the process now, as it
-                    # would have without corral (see corral._core._signals).
-                    self._signals.finish()
+        return await self._scope.exit(exc_type, exc, tb)
 
     def cancel(self) -> None:
         """Cancel the runner's scope: stop every child and end the ``async with`` block.
@@ -367,27 +217,7 @@ class Runner:
         of the block; the block then exits without an error.
         """
         self.token.check("Runner.cancel")
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
-
-    def _on_signal(self) -> None:
-        """On the loop, soon after a signal the runner holds: cancel its scope."""
-        self._signal_pending = True
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
-
-    def _abort(self) -> None:
-        """On the loop, after a second signal: stop waiting for anything but the reaping."""
-        self._aborted = True
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
-        self._hub.abort()
-
-    def _on_host_ending(self) -> None:
-        """On the loop, when the asyncio host of this Trio guest run is ending."""
-        if self._tg is not None and not self._tg.cancel_scope.cancel_called:
-            self._hub.log(logging.INFO, "the host event loop is ending: stopping every child")
-            self._tg.cancel_scope.cancel()
+        self._scope.cancel()
 
     def _lifeline_error(self, message: str) -> None:
         self._hub.log(logging.ERROR, message)
@@ -497,7 +327,7 @@ class Runner:
         cancellation goes on, as :func:`anyio.run_process` does; a start in a
         scope that is cancelled already spawns nothing.
         """
-        proc = await self._start(
+        started = await self._start(
             argv,
             options=dict(
                 name=name,
@@ -525,13 +355,14 @@ class Runner:
             collect=False,
             what="Runner.start",
         )
+        proc, sup = started
         if wait_started:
-            await proc._wait_started()
+            await sup.wait_started()
         return proc
 
     async def _start(
         self, argv: object, *, options: dict[str, Any], collect: bool, what: str
-    ) -> Process:
+    ) -> tuple[Process, Supervisor]:
         self.token.check(what)
         self._check_open()
         wait_started = bool(options["wait_started"])
@@ -562,14 +393,22 @@ class Runner:
         stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
         policy = RestartPolicy.make(options["restart"], options["max_restarts"], options["backoff"])
         name = self._unique_name(options["name"], spec.program)
-        services = self._services
-        assert services is not None and self._tg is not None
+        services = self._scope.services
+        tg = self._scope.tg
+        assert services is not None and tg is not None
         # A start in a cancelled scope (or one whose deadline has passed)
         # spawns nothing.
         await _checkpoint_if_cancelled()
         source = self._hub.source(name)
         spawned = services.spawner.spawn(spec, self._hub.child_env(source))
-        proc = Process(
+
+        def exited() -> None:
+            self._process_exited(proc)
+
+        def event(state: str) -> None:
+            self._process_event(proc, state)
+
+        sup = Supervisor(
             services,
             spec,
             spawned,
@@ -581,16 +420,20 @@ class Runner:
             policy=policy,
             start_timeout=start_timeout,
             collect=collect,
+            on_exit=exited,
+            on_event=event,
         )
+        proc = Process(sup)
         self._live[name] = proc
-        if self._signals is not None:
-            self._signals.add(proc)
+        signals = self._scope.signals
+        if signals is not None:
+            signals.add(sup)
         self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
         self._process_event(proc, "running")
         try:
             # Its supervisor must run, or nobody ever reaps the child.
             await _backend.start_surely(
-                self._tg, (proc._supervise, (), f"corral supervisor {self._name}.{name}")
+                tg, (sup.supervise, (), f"corral supervisor {self._name}.{name}")
             )
             # Spawning holds the loop for a few hundred microseconds: let others
             # run.  A cancellation that arrives now (a deadline that passed
@@ -600,9 +443,9 @@ class Runner:
             await anyio.lowlevel.checkpoint()
             await _checkpoint_if_cancelled()
         except BaseException:
-            await proc._abandon()
+            await sup.abandon()
             raise
-        return proc
+        return proc, sup
 
     async def run(
         self,
@@ -649,7 +492,7 @@ class Runner:
             if stdin is not DEVNULL and stdin != DEVNULL:
                 raise ValueError("stdin and input cannot both be given")
             stdin = PIPE
-        proc = await self._start(
+        started = await self._start(
             argv,
             options=dict(
                 name=name,
@@ -677,17 +520,29 @@ class Runner:
             collect=True,
             what="Runner.run",
         )
+        proc, sup = started
         try:
             if wait_started:
-                await proc._wait_started()
+                await sup.wait_started()
             if proc.stdin is not None:
                 await _feed(proc, bytes(input or b""))
-            await proc.wait()
+            code = await proc.wait()
         except BaseException:
-            await proc._abandon()
+            await sup.abandon()
             raise
-        result = proc._completed()
-        if check and result.returncode != 0 and not proc._stop_requested:
+        # What the child did, read from its public face; the exact bytes from the run.
+        result = CompletedProcess(
+            proc.args,
+            code,
+            sup.collected("stdout"),
+            sup.collected("stderr"),
+            name=proc.name,
+            pid=proc.pid,
+            duration=proc.duration or 0.0,
+            started_value=proc.started_value,
+            stderr_tail=proc.stderr_tail,
+        )
+        if check and result.returncode != 0 and not sup.stop_requested:
             result.check_returncode()
         return result
 
@@ -779,8 +634,10 @@ class Runner:
         """
         self.token.check("Runner.launch")
         self._check_open()
+        from .._launch import _launcher  # on first use: no cloudpickle, no agent code before
+
         return await _launcher.launch(
-            self,
+            self._launch_context(),
             func,
             args,
             hosts=hosts,
@@ -824,8 +681,10 @@ class Runner:
         """
         self.token.check("Runner.launch_command")
         self._check_open()
+        from .._launch import _launcher
+
         return await _launcher.launch(
-            self,
+            self._launch_context(),
             None,
             (),
             argv=[os.fspath(a) for a in argv] if not isinstance(argv, (str, bytes)) else argv,
@@ -842,12 +701,56 @@ class Runner:
             host_log_dir=host_log_dir,
         )
 
+    def _launch_context(self) -> LaunchContext:
+        return LaunchContext(start=self.start, logs=self._hub.forwarder(), grace=self._grace)
+
+    # -- observing ----------------------------------------------------------------------
+
+    def add_observer(self, callback: Callable[[Process, str], None]) -> Callable[[], None]:
+        """Call ``callback(process, state)`` at each change of a child's state; returns its remover.
+
+        ``state`` is ``"running"`` (started, or restarted), ``"restarting"``
+        (a restart follows, after its backoff) or ``"exited"``.  Observers
+        are called on the runner's loop, in the order they were added, at
+        the moment the state changes: an observer must not block, and what it
+        raises is raised there (out of :meth:`start`, or by the child's
+        supervisor, which fails the runner).  Call the returned function to
+        remove it again.
+        """
+        self._observers.append(callback)
+
+        def remove() -> None:
+            if callback in self._observers:
+                self._observers.remove(callback)
+
+        return remove
+
+    def log(self, level: int, message: str) -> None:
+        """Log a record of the runner's own, as its lifecycle records are (``started web``...).
+
+        Its source is the runner's name; it reaches the console, the log files
+        and the handlers as every record does.  Call it on the runner's loop,
+        once entered; it never waits.
+        """
+        self.token.check("Runner.log")
+        self._hub.log(level, message)
+
+    async def to_log_thread(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+        """Run ``fn(*args)`` in the thread that calls the log handlers, between two batches.
+
+        For work of a handler's own that must not run at the same time as its
+        records (the ``corral`` command redraws its status table under the
+        lines with :meth:`ConsoleHandler.set_footer` this way).
+        """
+        self.token.check("Runner.to_log_thread")
+        return await self._hub.to_worker_thread(fn, *args)
+
     # -- helpers ----------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._tg is None:
+        if self._scope.tg is None:
             raise RuntimeError("the runner has not been entered yet (use 'async with')")
-        if self._closing:
+        if self._scope.closing:
             raise RuntimeError(f"runner {self._name!r} is closing; it starts no new processes")
 
     def _unique_name(self, name: str | None, program: str) -> str:
@@ -876,8 +779,8 @@ class Runner:
     def _process_exited(self, proc: Process) -> None:
         if self._live.get(proc.name) is proc:
             del self._live[proc.name]
-        if self._closing and not self._live:
-            self._children_done.set()
+        if self._scope.closing and not self._live:
+            self._scope.children_done.set()
 
 
 async def _checkpoint_if_cancelled() -> None:
@@ -915,17 +818,31 @@ def _internal_modules() -> list[Any]:
     """The modules whose code is KeyboardInterrupt-protected on Trio (see ``protect_on_trio``)."""
     from .. import _checks, _results
     from .._logs import _hub
-    from . import _handshake, _lifeline, _process, _spawn, _token
+    from . import (
+        _handshake,
+        _lifeline,
+        _options,
+        _process,
+        _run,
+        _scope,
+        _spawn,
+        _supervisor,
+        _token,
+    )
 
     return [
         sys.modules[__name__],
         _checks,
         _handshake,
         _lifeline,
+        _options,
         _process,
         _results,
+        _run,
+        _scope,
         _signals,
         _spawn,
+        _supervisor,
         _token,
         *_hub.protected_modules(),
     ]

@@ -1,6 +1,7 @@
 """Scale-out: a function or a command on N workers, on this machine or across hosts.
 
-``_options`` (a launch's options), ``_plan`` (hosts, workers, environment,
+``_options`` (a launch's options), ``_context`` (what a launch needs of its
+runner: a way to start children, its log service), ``_plan`` (hosts, workers, environment,
 the job), ``_coordinator`` (every worker's outcome; when the launch is over),
 ``_launcher`` (:func:`launch` itself, and a launch on this machine),
 ``_remote`` (agents on other hosts, started with ssh or srun), ``_workers``
@@ -10,5 +11,5 @@ standard library, msgspec and :mod:`corral.child` only), ``_link`` (what goes
 over the link between a launcher and its agents) and ``_hosts`` (ssh, Slurm,
 the environment of remote workers).
 
-Public face: _options, _launcher, _hosts, _agent, _worker, _link
+Public face: _options, _context, _launcher, _hosts, _agent, _worker
 """

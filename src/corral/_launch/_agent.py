@@ -1,11 +1,7 @@
-"""The agent: the part of a launch that runs on each host.
+"""The agent: the part of a launch that runs on each remote host, ``python -m corral._agent``.
 
-:class:`HostWorkers` starts one host's workers (``python -m corral._worker``)
-in a corral runner, feeds each its pickled job, and reports every outcome —
-a return value, an exception, an exit — to a :class:`Reporter`.  On the
-launcher's own host (``hosts=None``) the launcher uses it directly, in its own
-runner.  On a remote host it runs inside an *agent*, ``python -m
-corral._agent``, started over ssh or srun, which:
+Started over ssh or srun, it runs its host's workers
+(:class:`~corral._launch._workers.HostWorkers`) and:
 
 * is a corral runner itself, so every promise of the core holds there too
   (process groups, stops with grace, a lifeline of its own);
@@ -37,7 +33,8 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 import anyio
 import anyio.from_thread
@@ -48,6 +45,7 @@ from .._logs._sinks import BlockSink
 from .._logs._sources import Source
 from .._logs._wire import Record
 from . import _link
+from ._context import StartFn
 from ._hosts import free_port
 from ._workers import HostWorkers
 
@@ -133,13 +131,24 @@ class _Link(_link.Link):
         await self._report(message)
 
 
+class AgentRunner(Protocol):
+    """What an agent needs of its runner (a :class:`~corral.Runner` is one)."""
+
+    @property
+    def start(self) -> StartFn: ...
+
+    def cancel(self) -> None: ...
+
+
+#: Opens the agent's runner: :func:`corral.open_runner`.
+OpenRunner = Callable[..., AbstractAsyncContextManager[AgentRunner]]
+
+
 class _AgentExit(Exception):
     """The agent cannot go on; the message says why (for its stderr)."""
 
 
-async def _serve(config: _link.AgentConfig) -> None:
-    import corral
-
+async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
     index = config.index if config.index >= 0 else int(os.environ.get("SLURM_NODEID", "0"))
     host = config.host or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     name = f"agent-{index}"
@@ -170,7 +179,7 @@ async def _serve(config: _link.AgentConfig) -> None:
         forward = ForwardSink(name, link.send)
         forward.setLevel(config.log_level)
         routes: list[Any] = [forward]
-        async with corral.open_runner(
+        async with open_runner(
             name=name,
             console=False,
             handlers=routes,
@@ -183,7 +192,7 @@ async def _serve(config: _link.AgentConfig) -> None:
             except _link.LinkLost as exc:
                 raise _AgentExit(f"the launcher {exc.reason}") from None
             workers = HostWorkers(
-                runner, host=index, prefix="", python=config.python or sys.executable
+                runner.start, host=index, prefix="", python=config.python or sys.executable
             )
             lost = await _obey(link, workers, config)
             if lost is not None:
@@ -262,7 +271,12 @@ async def _obey(link: _Link, workers: HostWorkers, config: _link.AgentConfig) ->
     return lost
 
 
-def main() -> int:
+def main(open_runner: OpenRunner) -> int:
+    """The agent's process: read its configuration, serve the launcher; the exit code.
+
+    ``open_runner`` is :func:`corral.open_runner` (the entry point,
+    ``python -m corral._agent``, passes it).
+    """
     raw = os.environ.pop(_link.CONFIG_ENV, None)
     if raw is None:
         raw = sys.stdin.buffer.readline().decode().strip()
@@ -271,7 +285,7 @@ def main() -> int:
         return 2
     config = _link.decode_config(raw)
     try:
-        anyio.run(_serve, config)
+        anyio.run(_serve, config, open_runner)
     except BaseException as exc:  # the link gone, a signal...: say so, exit non-zero
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]  # out of the task groups it crossed

@@ -67,7 +67,7 @@ from ._remote import launch_remote
 from ._workers import HostWorkers
 
 if TYPE_CHECKING:
-    from .._core._runner import Runner
+    from ._context import LaunchContext
 
 __all__ = ["launch"]
 
@@ -75,7 +75,7 @@ T = TypeVar("T")
 
 
 async def launch(
-    runner: Runner,
+    ctx: LaunchContext,
     func: Callable[..., T] | None,
     args: tuple[Any, ...],
     *,
@@ -93,7 +93,7 @@ async def launch(
     host_log_dir: str | None = None,
 ) -> LaunchResult[T]:
     plan = make_plan(
-        runner,
+        ctx.grace,
         hosts=hosts,
         workers_per_host=workers_per_host,
         extra_env=extra_env,
@@ -114,7 +114,7 @@ async def launch(
     coordinator = Coordinator(plan)
     if plan.remote:
         try:
-            await launch_remote(runner, plan, payload, coordinator, launcher_address)
+            await launch_remote(ctx, plan, payload, coordinator, launcher_address)
         except BaseExceptionGroup as group:
             # An agent that could not start is one error, however many task
             # groups it crossed (and however many agents failed alike).
@@ -126,17 +126,17 @@ async def launch(
                 first = first.exceptions[0]
             raise first from None
     else:
-        await _launch_here(runner, plan, payload, coordinator)
+        await _launch_here(ctx, plan, payload, coordinator)
     if coordinator.failure is not None:
         raise coordinator.exception()
     return cast(LaunchResult[T], coordinator.outcome())
 
 
 async def _launch_here(
-    runner: Runner, plan: Plan, payload: bytes, coordinator: Coordinator
+    ctx: LaunchContext, plan: Plan, payload: bytes, coordinator: Coordinator
 ) -> None:
     """This machine: the runner's own children are the workers."""
-    workers = HostWorkers(runner, host=0, prefix="agent-0.", python=sys.executable)
+    workers = HostWorkers(ctx.start, host=0, prefix="agent-0.", python=sys.executable)
     job = job_for(plan, 0, payload, "127.0.0.1", free_port("127.0.0.1"))
     try:
         async with anyio.create_task_group() as tg:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from .._checks import check_grace
 from . import _link
@@ -17,9 +17,6 @@ from ._hosts import (
     slurm_hosts,
     slurm_workers_per_host,
 )
-
-if TYPE_CHECKING:
-    from .._core._runner import Runner
 
 __all__ = ["Plan", "job_for", "make_plan", "pickle_job"]
 
@@ -46,7 +43,7 @@ class Plan:
 
 
 def make_plan(
-    runner: Runner,
+    default_grace: float,
     *,
     hosts: Sequence[str] | str | None,
     workers_per_host: int | Sequence[int] | None,
@@ -123,7 +120,7 @@ def make_plan(
         slurm=slurm,
         ssh=ssh,
         env=env,
-        grace=runner.grace if grace is None else check_grace(grace),
+        grace=default_grace if grace is None else check_grace(grace),
         start_timeout=start_timeout,
         link_timeout=link_timeout,
         log_level=log_level,

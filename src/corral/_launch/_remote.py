@@ -12,7 +12,6 @@ import anyio
 import anyio.abc
 
 from .._errors import LaunchError
-from .._logs._chunks import FRAMES, LINES, Chunk, StreamState
 from . import _link
 from ._coordinator import Coordinator
 from ._hosts import dial_back_addresses
@@ -20,8 +19,7 @@ from ._link import CONFIG_ENV, encode_config
 from ._plan import Plan, job_for
 
 if TYPE_CHECKING:
-    from .._core._process import Process
-    from .._core._runner import Runner
+    from ._context import LaunchContext, WorkerProcess
 
 __all__ = ["COMMAND_EXIT_WAIT", "COMMAND_EXIT_WAIT_STOPPED", "STOP_SLACK", "launch_remote"]
 
@@ -54,22 +52,23 @@ class _AgentConnection:
 class _Remote:
     """Agents on other hosts, their links, and what they say."""
 
-    def __init__(self, runner: Runner, plan: Plan, coordinator: Coordinator, secret: str) -> None:
-        self.runner = runner
+    def __init__(
+        self, ctx: LaunchContext, plan: Plan, coordinator: Coordinator, secret: str
+    ) -> None:
+        self.ctx = ctx
         self.plan = plan
         self.coordinator = coordinator
         self.secret = secret
         self.agents: dict[int, _AgentConnection] = {}
         self.all_connected = anyio.Event()
         #: Each agent's command (an ssh client; or one srun for them all) and its agents.
-        self.commands: list[tuple[Process, list[int]]] = []
+        self.commands: list[tuple[WorkerProcess, list[int]]] = []
         self.closing = False  # the launch is ending: no more agents are heard
-        self._states: dict[tuple[int, str, str], StreamState] = {}
         #: Connections waiting for their hello, oldest first (see _link.MAX_PENDING_HELLOS).
         self._hellos: dict[anyio.CancelScope, None] = {}
 
     def _warn(self, message: str) -> None:
-        self.runner._hub.warn(message)
+        self.ctx.logs.warn(message)
 
     def where(self, index: int) -> str:
         return f"agent-{index} on {self.plan.hosts[index]}"
@@ -139,11 +138,18 @@ class _Remote:
     async def _dispatch(self, agent: _AgentConnection, message: Any) -> None:
         index = agent.index
         if isinstance(message, _link.Lines):
-            state = self._state(index, message.source, message.stream, LINES, message.level)
-            await self.runner._hub.collector.put(Chunk(state, message.text, message.created))
+            await self.ctx.logs.lines(
+                self._relative(index, message.source),
+                message.stream,
+                message.level,
+                message.created,
+                message.text,
+                peer=f"agent-{index}",
+            )
         elif isinstance(message, _link.Records):
-            state = self._state(index, message.source, "logging", FRAMES, 0)
-            await self.runner._hub.collector.put(Chunk(state, wire=message.records))
+            await self.ctx.logs.records(
+                self._relative(index, message.source), message.records, peer=f"agent-{index}"
+            )
         elif isinstance(message, _link.Ready):
             agent.master_port = message.master_port
             agent.ready.set()
@@ -160,15 +166,10 @@ class _Remote:
             agent.ended.set()
             self.coordinator.agent_done(index)
 
-    def _state(self, agent: int, source: str, stream: str, kind: str, level: int) -> StreamState:
-        key = (agent, source, stream)
-        state = self._states.get(key)
-        if state is None:
-            relative = f"agent-{agent}" + (f".{source}" if source else "")
-            src = self.runner._hub.source(relative)
-            state = StreamState(src, kind, stream, level, 0, peer=f"agent-{agent}")
-            self._states[key] = state
-        return state
+    @staticmethod
+    def _relative(agent: int, source: str) -> str:
+        """The source within the runner of what agent ``agent`` says ``source`` wrote."""
+        return f"agent-{agent}" + (f".{source}" if source else "")
 
     async def start_agents(self, addresses: list[tuple[str, int]]) -> None:
         plan = self.plan
@@ -189,7 +190,7 @@ class _Remote:
                 **timeouts,
             )
             nodes = len(plan.hosts)
-            proc = await self.runner.start(
+            proc = await self.ctx.start(
                 [
                     "srun",
                     f"--nodes={nodes}",
@@ -220,7 +221,7 @@ class _Remote:
                 log_dir=plan.host_log_dir,
                 **timeouts,
             )
-            proc = await self.runner.start(
+            proc = await self.ctx.start(
                 plan.ssh.argv(host, command),
                 name=f"agent-{index}.ssh",
                 stdin=subprocess.PIPE,
@@ -250,7 +251,7 @@ class _Remote:
         with anyio.CancelScope(deadline=deadline) as timer:
             async with anyio.create_task_group() as tg:
 
-                async def watch(proc: Process, indices: list[int]) -> None:
+                async def watch(proc: WorkerProcess, indices: list[int]) -> None:
                     nonlocal failure
                     await proc.wait()
                     if failure is None and not all(self._is_ready(i) for i in indices):
@@ -278,12 +279,12 @@ class _Remote:
         if timer.cancelled_caught:
             raise LaunchError(self._not_started())
 
-    def _exited_early(self, proc: Process, indices: list[int]) -> LaunchError:
+    def _exited_early(self, proc: WorkerProcess, indices: list[int]) -> LaunchError:
         which = proc.name.removesuffix(".ssh")
         where = f" on {self.plan.hosts[indices[0]]}" if len(indices) == 1 else ""
         tail = proc.stderr_tail.decode("utf-8", "replace").strip()
         return LaunchError(
-            f"{which}{where} ({' '.join(proc.argv[:1])}) exited with code {proc.returncode} "
+            f"{which}{where} ({' '.join(proc.args[:1])}) exited with code {proc.returncode} "
             f"before it connected back" + (f": {tail}" if tail else "")
         )
 
@@ -291,7 +292,7 @@ class _Remote:
         missing = []
         for proc, indices in self.commands:
             tail = proc.stderr_tail.decode("utf-8", "replace").strip()
-            program = os.path.basename(proc.argv[0])
+            program = os.path.basename(proc.args[0])
             said = f" ({program} said: {tail})" if tail else f" ({program} said nothing)"
             for index in indices:
                 if index not in self.agents:
@@ -363,7 +364,7 @@ class _Remote:
 
 
 async def launch_remote(
-    runner: Runner,
+    ctx: LaunchContext,
     plan: Plan,
     payload: bytes,
     coordinator: Coordinator,
@@ -371,7 +372,7 @@ async def launch_remote(
 ) -> None:
     deadline = anyio.current_time() + plan.start_timeout
     secret = secrets.token_hex(16)
-    remote = _Remote(runner, plan, coordinator, secret)
+    remote = _Remote(ctx, plan, coordinator, secret)
     # Each agent dials back to this machine's address on the route to its own
     # host (hosts on different networks reach us by different addresses).
     if launcher_address is not None:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
 
-from .._core._process import Process
 from .._logs._pipes import PipeReceiveStream
 from .._logs._wire import FrameDecoder, WireError
 from . import _link
+
+if TYPE_CHECKING:
+    from ._context import StartFn, WorkerProcess
 
 __all__ = ["HostWorkers", "Reporter"]
 
@@ -38,23 +40,23 @@ class HostWorkers:
 
     def __init__(
         self,
-        runner: Any,
+        start: StartFn,
         *,
         host: int,
         prefix: str,
         python: str,
         cwd: str | None = None,
     ) -> None:
-        self._runner = runner
+        self._start_child = start
         self._host = host
         self._prefix = prefix
         self._python = python
         self._cwd = cwd
-        self._procs: list[Process] = []
+        self._procs: list[WorkerProcess] = []
         self._stopping: float | None = None  # the grace of a stop under way
 
     @property
-    def processes(self) -> list[Process]:
+    def processes(self) -> list[WorkerProcess]:
         return list(self._procs)
 
     async def run(self, job: _link.Job, reporter: Reporter) -> None:
@@ -93,11 +95,11 @@ class HostWorkers:
                     tg.start_soon(self._stop_one if first else self._hasten, proc, grace)
 
     @staticmethod
-    async def _stop_one(proc: Process, grace: float) -> None:
+    async def _stop_one(proc: WorkerProcess, grace: float) -> None:
         await proc.stop(grace)
 
     @staticmethod
-    async def _hasten(proc: Process, grace: float) -> None:
+    async def _hasten(proc: WorkerProcess, grace: float) -> None:
         """A stop of ``proc`` is under way: SIGKILL it if it still runs ``grace`` s from now."""
         with anyio.move_on_after(grace):
             await proc.wait()
@@ -122,8 +124,8 @@ class HostWorkers:
         )
         return env
 
-    async def _start_command(self, job: _link.Job, local_rank: int) -> Process:
-        proc: Process = await self._runner.start(
+    async def _start_command(self, job: _link.Job, local_rank: int) -> WorkerProcess:
+        proc: WorkerProcess = await self._start_child(
             job.argv,
             name=f"{self._prefix}worker-{local_rank}",
             extra_env=self._environment(job, local_rank),
@@ -133,18 +135,20 @@ class HostWorkers:
         )
         return proc
 
-    async def _report_exit(self, proc: Process, local_rank: int, reporter: Reporter) -> None:
+    async def _report_exit(self, proc: WorkerProcess, local_rank: int, reporter: Reporter) -> None:
         code = await proc.wait()
         await reporter.exited(
             self._host, _link.WorkerExit(local_rank, proc.pid, code, proc.stderr_tail)
         )
 
-    async def _start(self, job: _link.Job, local_rank: int) -> tuple[Process, PipeReceiveStream]:
+    async def _start(
+        self, job: _link.Job, local_rank: int
+    ) -> tuple[WorkerProcess, PipeReceiveStream]:
         read_end, write_end = os.pipe()
         try:
             env = self._environment(job, local_rank)
             env["CORRAL_RESULT_FD"] = str(write_end)
-            proc = await self._runner.start(
+            proc = await self._start_child(
                 [self._python, "-m", "corral._worker"],
                 name=f"{self._prefix}worker-{local_rank}",
                 extra_env=env,
@@ -163,7 +167,7 @@ class HostWorkers:
 
     async def _supervise(
         self,
-        proc: Process,
+        proc: WorkerProcess,
         results: PipeReceiveStream,
         local_rank: int,
         payload: bytes,
@@ -174,7 +178,7 @@ class HostWorkers:
             tg.start_soon(self._read_outcome, proc, results, reporter)
         await self._report_exit(proc, local_rank, reporter)
 
-    async def _feed(self, proc: Process, payload: bytes) -> None:
+    async def _feed(self, proc: WorkerProcess, payload: bytes) -> None:
         stdin = proc.stdin
         assert stdin is not None
         try:
@@ -185,7 +189,7 @@ class HostWorkers:
             await stdin.aclose()
 
     async def _read_outcome(
-        self, proc: Process, results: PipeReceiveStream, reporter: Reporter
+        self, proc: WorkerProcess, results: PipeReceiveStream, reporter: Reporter
     ) -> None:
         decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
 

@@ -12,6 +12,6 @@ library and msgspec only; then ``_records`` (the factory of
 their backlogs, live tails) and ``_hub`` (one runner's log service, which
 owns the rest).
 
-Public face: _wire, _child_logging, _records, _chunks, _pipes, _router, _sinks, _console,
-_sources, _hub
+Public face: _wire, _child_logging, _records, _pipes, _router, _sinks, _console, _sources,
+_hub
 """

@@ -80,6 +80,11 @@ class Collector:
     def router(self) -> Router:
         return self._router
 
+    @property
+    def limiter(self) -> anyio.CapacityLimiter:
+        """The limiter of the one thread that calls the handlers (``LogHub.to_worker_thread``)."""
+        return self._limiter
+
     async def put(self, chunk: Chunk) -> None:
         """Queue ``chunk``, waiting while the queue is full."""
         while self._queued_bytes >= self._max_bytes and not self._closed:

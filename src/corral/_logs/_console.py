@@ -131,14 +131,16 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 self._bars.pop(key, None)
             else:
                 prefix, bare = self._source_prefix(source.name, time.time())
-                width = self._width() - len(bare) - 1
+                width = self.width - len(bare) - 1
                 text = frame.decode("utf-8", "replace")[: max(width, 8)]
                 self._bars[key] = prefix + text.encode()
             self._redraw(b"")
 
     # -- the terminal ------------------------------------------------------------------
 
-    def _width(self) -> int:
+    @property
+    def width(self) -> int:
+        """The width of the terminal it writes to, in columns (80 when it is not one)."""
         try:
             return os.get_terminal_size(self.stream.fileno()).columns
         except (OSError, ValueError, AttributeError):

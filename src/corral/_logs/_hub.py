@@ -24,15 +24,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.to_thread
 
 from .._sys import _childenv
 from .._sys._backend import outlast_native_cancel
-from ._chunks import LINES, RECORDS, Chunk, StreamState
+from ._chunks import FRAMES, LINES, RECORDS, Chunk, StreamState
 from ._collector import Collector
 from ._console import ConsoleHandler
 from ._records import make_record
@@ -41,7 +42,13 @@ from ._server import LogServer
 from ._sinks import LogFiles
 from ._sources import Backlogs, Source
 
-__all__ = ["LogHub", "protected_modules"]
+if TYPE_CHECKING:
+    from ._wire import Record
+
+__all__ = ["Forwarder", "LogHub", "protected_modules"]
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class LogHub:
@@ -220,6 +227,51 @@ class LogHub:
     async def delivered(self, mark: int) -> None:
         """Wait until everything queued before ``mark`` reached the handlers (bounded)."""
         await self.collector.wait_handled(mark)
+
+    async def to_worker_thread(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+        """Run ``fn(*args)`` in the thread that calls the handlers, between two batches."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.collector.limiter)
+
+    # -- what other hosts send ------------------------------------------------------------
+
+    def forwarder(self) -> Forwarder:
+        """Where a launch hands what its agents on other hosts forward (one per launch)."""
+        return Forwarder(self)
+
+
+class Forwarder:
+    """Lines and records that agents on other hosts forward, into this runner's log path.
+
+    Each source within the runner (``agent-0.worker-3``) and stream gets one
+    stream state, made at its first message (whose level it keeps) and kept
+    for the launch.
+    """
+
+    def __init__(self, hub: LogHub) -> None:
+        self._hub = hub
+        self._states: dict[tuple[str, str], StreamState] = {}
+
+    async def lines(
+        self, relative: str, stream: str, level: int, created: float, text: bytes, *, peer: str
+    ) -> None:
+        state = self._state(relative, stream, LINES, level, peer)
+        await self._hub.collector.put(Chunk(state, text, created))
+
+    async def records(self, relative: str, records: list[Record], *, peer: str) -> None:
+        state = self._state(relative, "logging", FRAMES, 0, peer)
+        await self._hub.collector.put(Chunk(state, wire=records))
+
+    def warn(self, message: str) -> None:
+        self._hub.warn(message)
+
+    def _state(self, relative: str, stream: str, kind: str, level: int, peer: str) -> StreamState:
+        key = (relative, stream)
+        state = self._states.get(key)
+        if state is None:
+            src = self._hub.source(relative)
+            state = StreamState(src, kind, stream, level, 0, peer=peer)
+            self._states[key] = state
+        return state
 
 
 def _make_run_folder(log_dir: str, runner_name: str) -> str:

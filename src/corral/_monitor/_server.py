@@ -17,7 +17,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -28,11 +28,11 @@ from ._clients import Client, MonitorSink
 from ._rows import JSON
 
 if TYPE_CHECKING:
-    from .._core._process import Process
     from .._sys._backend import LoopHandle
 
 __all__ = [
     "DEFAULT_HOST",
+    "ProcessView",
     "PROTOCOL_VERSION",
     "Joined",
     "Monitor",
@@ -95,7 +95,29 @@ def parse_address(address: str | bool) -> tuple[str, int]:
     return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
-def _process_info(proc: Process, state: str) -> dict[str, Any]:
+class ProcessView(Protocol):
+    """What the monitor shows of a process (a :class:`~corral.Process` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def started_at(self) -> float: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+
+def _process_info(proc: ProcessView, state: str) -> dict[str, Any]:
     code = proc.returncode
     if state == "exited" and code not in (None, 0):
         state = "failed"
@@ -158,7 +180,7 @@ class Monitor:
     def set_log_path(self, path: str | None) -> None:
         self._log_path = path
 
-    def process_event(self, proc: Process, state: str) -> None:
+    def process_event(self, proc: ProcessView, state: str) -> None:
         """A process changed state (on the loop)."""
         info = _process_info(proc, state)
         self._processes[proc.name] = info

@@ -1,0 +1,96 @@
+"""What a launch needs of the runner it runs in: a way to start children, and its log service.
+
+A launch does not know :class:`~corral.Runner`: :meth:`Runner.launch` hands
+it a :class:`LaunchContext`, and the agent on a remote host builds one from a
+runner of its own.  So the launch machinery sits below the core, and is
+loaded only when a launch begins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteSendStream
+
+    from .._logs._wire import Record
+
+__all__ = ["LaunchContext", "LogForwarder", "StartFn", "WorkerProcess"]
+
+
+class WorkerProcess(Protocol):
+    """What a launch reads and does of a child it started (a :class:`~corral.Process` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def args(self) -> list[str]: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def stdin(self) -> ByteSendStream | None: ...
+
+    @property
+    def stderr_tail(self) -> bytes: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class StartFn(Protocol):
+    """Start one child as :meth:`Runner.start` does (a runner's bound ``start`` is one)."""
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str | None = ...,
+        extra_env: Mapping[str, str | None] | None = ...,
+        cwd: str | None = ...,
+        check: bool = ...,
+        grace: float | None = ...,
+        stdin: int = ...,
+        pass_fds: Collection[int] = ...,
+    ) -> Awaitable[WorkerProcess]: ...
+
+
+class LogForwarder(Protocol):
+    """Where a launch hands what its agents on other hosts send: the runner's log service.
+
+    ``relative`` is the source within the runner (``agent-0.worker-3``),
+    ``peer`` the agent it came from, for messages about it.
+    """
+
+    async def lines(
+        self, relative: str, stream: str, level: int, created: float, text: bytes, *, peer: str
+    ) -> None:
+        """Complete lines one source wrote to ``stream``, logged at ``level``."""
+
+    async def records(self, relative: str, records: list[Record], *, peer: str) -> None:
+        """:mod:`logging` records of one source, as the log wire format carries them."""
+
+    def warn(self, message: str) -> None:
+        """A warning of the runner's own (a stranger knocked on the link, say)."""
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """The runner a launch runs in, as the launch sees it."""
+
+    #: Starts the agents' commands (ssh, srun) and this host's workers.
+    start: StartFn
+    #: The runner's log service, for what agents forward.
+    logs: LogForwarder
+    #: The runner's default grace period.
+    grace: float

@@ -1,0 +1,266 @@
+"""The blocking runner: :class:`SyncRunner`, :func:`open_runner_sync` and :func:`launch`."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .._core._runner import Runner, open_runner
+from .._core._token import LoopToken
+from .._errors import CorralError
+from .._results import CompletedProcess, LaunchResult
+from ._handles import SyncProcess
+from ._portal import Portal
+
+__all__ = ["SyncRunner", "launch", "open_runner_sync"]
+
+T = TypeVar("T")
+
+_BACKENDS = ("asyncio", "trio")
+
+
+class SyncRunner:
+    """A :class:`Runner` for synchronous code; create it with :func:`open_runner_sync`.
+
+    ``with corral.open_runner_sync() as r:`` opens the runner on an event
+    loop of its own, in a helper thread; its methods block the calling
+    thread until the runner's loop has done the work.  Leaving the block
+    waits for the children that still run, as ``async with`` does; leaving
+    it by an exception (:class:`KeyboardInterrupt` included) stops them
+    first.  A child started with ``check=True`` that fails stops the others,
+    and its :class:`ProcessFailed` (in an :class:`ExceptionGroup`, as out of
+    ``async with``) is raised by the call that was waiting, or by the next
+    one, or at the end of the block.
+
+    The runner belongs to the thread that opened it.
+    """
+
+    def __init__(self, backend: str, options: dict[str, Any]) -> None:
+        if backend not in _BACKENDS:
+            raise ValueError(f'backend must be "asyncio" or "trio", not {backend!r}')
+        if options.get("handle_signals"):
+            raise ValueError(
+                "a blocking runner's loop runs on a helper thread, where Python delivers no "
+                "signal: it cannot take signal handlers (handle_signals=True).  Ctrl-C "
+                "reaches the calling thread as KeyboardInterrupt and stops every child"
+            )
+        self._backend = backend
+        self._options = options
+        self._name = str(options.get("name", "corral"))
+        try:
+            self._longest_grace = max(0.0, float(options.get("grace", 5.0)))
+        except (TypeError, ValueError):
+            self._longest_grace = 5.0  # the runner refuses it on entry
+        self._entered = False
+        self._portal = Portal(backend, options, self._name, self._longest_grace)
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The runner's name, the first part of every log source it produces."""
+        return self._name
+
+    @property
+    def backend(self) -> str:
+        """``"asyncio"`` or ``"trio"``: the event loop the runner runs on."""
+        return self._backend
+
+    @property
+    def runner(self) -> Runner:
+        """The :class:`Runner` itself, running on the helper thread's loop.
+
+        Its methods belong to that loop: reach them through :attr:`token`.
+        """
+        runner = self._portal.runner
+        if runner is None:
+            raise CorralError("the runner is not open (use 'with corral.open_runner_sync() as r:')")
+        return runner
+
+    @property
+    def token(self) -> LoopToken:
+        """The :class:`LoopToken` of the runner's loop, to call into it from any other thread."""
+        return self.runner.token
+
+    @property
+    def grace(self) -> float:
+        """Default seconds between the stop signal and SIGKILL."""
+        return self.runner.grace
+
+    @property
+    def log_path(self) -> str | None:
+        """The folder of this run's log files (with ``log_dir=``)."""
+        return self.runner.log_path
+
+    @property
+    def monitor_url(self) -> str | None:
+        """The monitor's address (with ``monitor=``), as :attr:`Runner.monitor_url`."""
+        return self.runner.monitor_url
+
+    def __repr__(self) -> str:
+        portal = self._portal
+        state = "closed" if portal.closed else "open" if portal.runner is not None else "new"
+        return f"<corral.SyncRunner {self._name!r} on {self._backend}, {state}>"
+
+    # -- scope ------------------------------------------------------------------------
+
+    def __enter__(self) -> SyncRunner:
+        if self._entered:
+            raise RuntimeError(
+                "a SyncRunner can be entered only once; call open_runner_sync() again"
+            )
+        self._entered = True
+        self._portal.enter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._portal.exit(exc)
+
+    def cancel(self) -> None:
+        """Cancel the runner's scope: stop every child; the block then ends.
+
+        Returns at once; leaving the ``with`` block waits for the stop.  Any
+        later call on the runner raises :class:`CorralError`.
+        """
+        self._portal.cancel()
+
+    # -- what the runner does -----------------------------------------------------------
+
+    def start(self, argv: Sequence[str | os.PathLike[str]], **options: Any) -> SyncProcess:
+        """Start ``argv`` as :meth:`Runner.start` does (same options); return its handle.
+
+        ``stdin``, ``stdout`` and ``stderr`` cannot be ``PIPE`` here (the
+        streams are asynchronous): use :meth:`run` to collect output, or
+        :meth:`SyncProcess.logs` to follow it.
+        """
+        for stream in ("stdin", "stdout", "stderr"):
+            value = options.get(stream)
+            if value == subprocess.PIPE or getattr(value, "pipe", False):
+                raise ValueError(
+                    f"{stream}=PIPE gives an asynchronous stream, which a blocking runner "
+                    "cannot hand out; use run() to collect output, or logs() to follow it"
+                )
+        self._portal.note_grace(options.get("grace"))
+        proc = self._portal.call("Runner.start", lambda r: r.start(argv, **options))
+        return SyncProcess(self._portal, proc)
+
+    def run(self, argv: Sequence[str | os.PathLike[str]], **options: Any) -> CompletedProcess:
+        """Run ``argv`` to completion as :meth:`Runner.run` does; return its result.
+
+        Returns a :class:`CompletedProcess`.  With ``check=True`` (the default) a failure raises
+        :class:`ProcessFailed` here.  Interrupted (Ctrl-C), it stops the
+        child and every other one before :class:`KeyboardInterrupt` comes out.
+        """
+        self._portal.note_grace(options.get("grace"))
+        return self._portal.call("Runner.run", lambda r: r.run(argv, **options))
+
+    def launch(self, func: Callable[..., T], /, *args: Any, **options: Any) -> LaunchResult[T]:
+        """Run ``func(*args)`` on every worker as :meth:`Runner.launch` does (same options)."""
+        self._portal.note_grace(options.get("grace"))
+        return self._portal.call("Runner.launch", lambda r: r.launch(func, *args, **options))
+
+    def launch_command(
+        self, argv: Sequence[str | os.PathLike[str]], **options: Any
+    ) -> LaunchResult[int]:
+        """Run the command on every worker as :meth:`Runner.launch_command` does."""
+        self._portal.note_grace(options.get("grace"))
+        return self._portal.call(
+            "Runner.launch_command", lambda r: r.launch_command(argv, **options)
+        )
+
+
+def open_runner_sync(*, backend: str = "asyncio", **options: Any) -> SyncRunner:
+    """Create a blocking runner: ``with corral.open_runner_sync() as r:``.
+
+    For scripts, notebooks and synchronous code: the runner runs on an event
+    loop of its own in a helper thread, so it works where a loop already
+    runs in the calling thread (a Jupyter cell, a function called from
+    ``asyncio.run``) and from any thread.  See :class:`SyncRunner` and
+    :doc:`howto/sync`.
+
+    Args:
+        backend: ``"asyncio"`` (the default) or ``"trio"``, the helper
+            thread's event loop.
+        options: the keywords of :func:`open_runner` (``name``, ``grace``,
+            ``console``, ``handlers``, ``log_dir``...), except
+            ``handle_signals=True``: Ctrl-C reaches the calling thread as
+            :class:`KeyboardInterrupt`, and stops every child.
+    """
+    return SyncRunner(backend, options)
+
+
+def launch(
+    func: Callable[..., T],
+    /,
+    *args: Any,
+    hosts: Sequence[str] | str | None = None,
+    workers_per_host: int | Sequence[int] | None = None,
+    hostnames: Sequence[str] | str | None = None,
+    backend: str = "asyncio",
+    **options: Any,
+) -> LaunchResult[T]:
+    """Run ``func(*args)`` on every worker and return their results: one blocking call.
+
+    Opens a runner, calls :meth:`Runner.launch`, and closes the runner
+    again, with every guarantee of :meth:`Runner.launch`: the first failure
+    stops every other worker and raises here (the worker's own exception,
+    with its remote traceback), every line the workers write reaches the
+    console (and ``log_dir=``), and nothing outlives the call.  It works
+    from a plain script, from any thread, and where an event loop already
+    runs in the calling thread (a Jupyter cell; a synchronous function called
+    from async code), without calling :func:`anyio.run` on that loop.
+    Ctrl-C, or a kernel interrupt in Jupyter, stops every worker and raises
+    :class:`KeyboardInterrupt` within the grace period plus one second.
+
+    Args:
+        func: the function (see :meth:`Runner.launch`).
+        args: its positional arguments; keyword arguments go in with
+            :func:`functools.partial`.
+        hosts: ``None`` (this machine), a list of hosts (over ssh), or
+            ``"slurm"``, as in :meth:`Runner.launch`.
+        workers_per_host: workers on each host, as in :meth:`Runner.launch`.
+        hostnames: torchrunx's spelling of ``hosts``, with torchrunx's
+            meanings: ``"auto"`` is the Slurm allocation inside one
+            (``SLURM_JOB_ID`` set) and this machine elsewhere, and
+            ``["localhost"]`` is this machine (no ssh).  Give one of
+            ``hosts`` and ``hostnames``.
+        backend: ``"asyncio"`` or ``"trio"``, the event loop to run on.
+        options: the keywords of :func:`open_runner` (``name``, ``grace``,
+            ``console``, ``log_dir``...) and of :meth:`Runner.launch`
+            (``extra_env``, ``copy_env``, ``ssh``, ``start_timeout``...).
+    """
+    if hostnames is not None:
+        if hosts is not None:
+            raise TypeError("give hosts or hostnames (its torchrunx spelling), not both")
+        hosts = _from_hostnames(hostnames)
+    runner_options = {
+        name: options.pop(name) for name in list(options) if name in _runner_keywords()
+    }
+    with open_runner_sync(backend=backend, **runner_options) as r:
+        return r.launch(func, *args, hosts=hosts, workers_per_host=workers_per_host, **options)
+
+
+def _from_hostnames(hostnames: Sequence[str] | str) -> Sequence[str] | str | None:
+    if hostnames == "auto":
+        return "slurm" if os.environ.get("SLURM_JOB_ID") else None
+    if isinstance(hostnames, str):
+        return hostnames  # "slurm", or a mistake Runner.launch explains
+    if list(hostnames) == ["localhost"]:
+        return None
+    return hostnames
+
+
+@functools.cache
+def _runner_keywords() -> frozenset[str]:
+    """The keywords :func:`open_runner` takes (``grace`` among them: launch inherits it)."""
+    return frozenset(inspect.signature(open_runner).parameters)
