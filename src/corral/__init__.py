@@ -35,6 +35,7 @@ __all__ = [
     "CorralError",
     "HandshakeError",
     "LaunchError",
+    "LaunchOptions",
     "LaunchResult",
     "LogTail",
     "LoopToken",
@@ -45,6 +46,7 @@ __all__ = [
     "Route",
     "Runner",
     "Signalled",
+    "StartOptions",
     "StartupFailed",
     "SyncLogTail",
     "SyncProcess",
@@ -67,6 +69,7 @@ _HOMES = {
     "DEFAULT_ENV_PATTERNS": "_launch._hosts",
     "SSH": "_launch._hosts",
     "LaunchError": "_errors",
+    "LaunchOptions": "_launch._options",
     "LaunchResult": "_results",
     "RemoteTraceback": "_errors",
     "WorkerFailed": "_errors",
@@ -81,6 +84,7 @@ _HOMES = {
     "Route": "_logs._router",
     "Runner": "_core._runner",
     "Signalled": "_errors",
+    "StartOptions": "_core._options",
     "StartupFailed": "_errors",
     "WrongLoopError": "_errors",
     "open_runner": "_core._runner",
@@ -106,6 +110,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from ._core._options import StartOptions
     from ._core._process import Process
     from ._core._runner import Runner, open_runner
     from ._core._stdio import DEVNULL, LOG, PIPE, STDOUT
@@ -124,6 +129,7 @@ if TYPE_CHECKING:
         WrongLoopError,
     )
     from ._launch._hosts import DEFAULT_ENV_PATTERNS, SSH
+    from ._launch._options import LaunchOptions
     from ._logs._console import ConsoleHandler
     from ._logs._router import Route
     from ._logs._sources import LogTail

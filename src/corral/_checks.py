@@ -1,4 +1,4 @@
-"""Checks of the arguments every layer takes: argument vectors, grace periods, signals.
+"""Checks of the arguments every layer takes: argument vectors, grace periods, signals, keywords.
 
 Each returns the value in its checked form or raises ``TypeError`` or
 ``ValueError`` with a message that names the argument, before anything is
@@ -7,11 +7,18 @@ started.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import os
 import signal
+import typing
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
 
-__all__ = ["check_argv", "check_grace", "check_signal"]
+__all__ = ["check_argv", "check_grace", "check_keywords", "check_signal", "with_keywords"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def check_argv(argv: object) -> list[str]:
@@ -62,3 +69,38 @@ def check_signal(signum: object, what: str = "stop_signal") -> int:
     if sig in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
         raise ValueError(f"{what}={sig.name} does not stop a process")
     return int(sig)
+
+
+def check_keywords(options: Mapping[str, object], known: Collection[str], what: str) -> None:
+    """``TypeError`` for a keyword that is none of ``known``, worded as Python words it."""
+    for key in options:
+        if key not in known:
+            raise TypeError(f"{what}() got an unexpected keyword argument {key!r}")
+
+
+def with_keywords(options: type[Any]) -> Callable[[F], F]:
+    """Give ``fn(..., **options)`` the signature it has: the fields of the dataclass ``options``.
+
+    The keywords are spelled once, as the fields (names, types, defaults) of
+    ``options``; this shows them where ``**options`` stands, for
+    :func:`help`, :mod:`inspect` and the API pages.  The annotations are
+    evaluated, so ``options``'s module must import at run time every name
+    they use.
+    """
+    hints = typing.get_type_hints(options)
+    fields = [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+        )
+        for f in dataclasses.fields(options)
+    ]
+
+    def apply(fn: F) -> F:
+        signature = inspect.signature(fn)
+        params = [
+            p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        fn.__signature__ = signature.replace(parameters=[*params, *fields])  # type: ignore[attr-defined]
+        return fn
+
+    return apply

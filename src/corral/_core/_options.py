@@ -1,16 +1,34 @@
-"""The options of a start: what :meth:`Runner.start` and :meth:`Runner.run` take."""
+"""The options of a start: what :meth:`Runner.start` and :meth:`Runner.run` take.
+
+They are spelled once, as the fields of :class:`ProcessOptions` (names,
+types, defaults), with :class:`StartOptions` beside it for type checkers
+(``**options: Unpack[StartOptions]``); :func:`corral._checks.with_keywords`
+shows them in the methods' signatures.  What each means is in
+:meth:`Runner.start`'s docstring.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Final, Literal, TypedDict
 
-from .._checks import check_grace
-from ._stdio import LogOption
+from .._checks import check_grace, check_keywords
+from ._stdio import DEVNULL, LOG, LogOption
 
-__all__ = ["MAX_BACKOFF", "Input", "Output", "Restart", "RestartPolicy", "StrOrPath"]
+__all__ = [
+    "MAX_BACKOFF",
+    "Input",
+    "Output",
+    "ProcessOptions",
+    "Restart",
+    "RestartPolicy",
+    "StartOptions",
+    "StrOrPath",
+]
 
 StrOrPath = str | os.PathLike[str]
 Output = LogOption | int | IO[Any] | None
@@ -20,6 +38,88 @@ Restart = Literal["never", "on-failure", "always"]
 
 #: A restart policy's delay never grows beyond this many seconds.
 MAX_BACKOFF = 30.0
+
+
+class StartOptions(TypedDict, total=False):
+    """The keywords of :meth:`Runner.start` and :meth:`Runner.run`, as a :class:`typing.TypedDict`.
+
+    For code that passes them on and wants them type-checked::
+
+        async def start_service(
+            r: corral.Runner, argv: list[str], **options: Unpack[corral.StartOptions]
+        ) -> corral.Process:
+            return await r.start(argv, wait_started=True, **options)
+
+    Every key is optional; :meth:`Runner.start` says what each means.  (Its
+    defaults are those of corral's own ``ProcessOptions``, which
+    ``tests/test_options.py`` keeps in step with it.)
+    """
+
+    name: str | None
+    env: Mapping[str, str] | None
+    extra_env: Mapping[str, str | None] | None
+    cwd: StrOrPath | None
+    check: bool
+    grace: float | None
+    stop_signal: int | None
+    stdin: Input
+    stdout: Output
+    stderr: Output
+    pass_fds: Collection[int]
+    start_new_session: bool
+    user: str | int | None
+    group: str | int | None
+    extra_groups: Collection[str | int] | None
+    umask: int
+    wait_started: bool
+    start_timeout: float | None
+    restart: Restart
+    max_restarts: int
+    backoff: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessOptions:
+    """What a start was asked for: the keywords of :meth:`Runner.start`, with their defaults.
+
+    Not checked yet: :class:`~corral._core._spawn.SpawnSpec` and the runner
+    check each value, before anything is spawned.
+    """
+
+    name: str | None = None
+    env: Mapping[str, str] | None = None
+    extra_env: Mapping[str, str | None] | None = None
+    cwd: StrOrPath | None = None
+    check: bool = True
+    grace: float | None = None
+    stop_signal: int | None = None
+    stdin: Input = DEVNULL
+    stdout: Output = LOG
+    stderr: Output = LOG
+    pass_fds: Collection[int] = ()
+    start_new_session: bool = False
+    user: str | int | None = None
+    group: str | int | None = None
+    extra_groups: Collection[str | int] | None = None
+    umask: int = -1
+    wait_started: bool = False
+    start_timeout: float | None = None
+    restart: Restart = "never"
+    max_restarts: int = 3
+    backoff: float = 1.0
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any], what: str) -> ProcessOptions:
+        """From a call's keywords; an unknown one is a ``TypeError``, as for any call."""
+        check_keywords(options, _PROCESS_FIELDS, what)
+        return cls(**options)
+
+    def replace(self, **changes: Any) -> ProcessOptions:
+        """A copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+
+_PROCESS_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(ProcessOptions))
 
 
 @dataclass(frozen=True)

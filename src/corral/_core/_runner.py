@@ -36,18 +36,17 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import IO, Any, TypeVar, TypeVarTuple
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._checks import check_grace, check_signal
+from .._checks import check_grace, check_signal, with_keywords
 from .._launch._context import LaunchContext
-from .._launch._hosts import SSH
-from .._launch._options import DEFAULT_LINK_TIMEOUT, DEFAULT_START_TIMEOUT
+from .._launch._options import LaunchOptions, LaunchSpec
 from .._logs._hub import LogHub
 from .._logs._router import Route
 from .._monitor._clients import MonitorSink
@@ -56,11 +55,11 @@ from .._results import CompletedProcess, LaunchResult
 from .._sys import _backend
 from . import _signals
 from ._lifeline import Lifeline
-from ._options import Restart, RestartPolicy
+from ._options import ProcessOptions, RestartPolicy, StartOptions, StrOrPath
 from ._process import Process
 from ._scope import Scope
 from ._spawn import SpawnSpec, describe_argv
-from ._stdio import DEVNULL, LOG, PIPE, LogOption
+from ._stdio import DEVNULL, PIPE
 from ._supervisor import Supervisor
 from ._token import LoopToken
 
@@ -68,10 +67,6 @@ __all__ = ["Runner", "open_runner"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
-
-StrOrPath = str | os.PathLike[str]
-Output = LogOption | int | IO[Any] | None
-Input = int | IO[Any] | None
 
 #: The longest name a runner or process may have.
 MAX_NAME = 100
@@ -224,32 +219,8 @@ class Runner:
 
     # -- starting ---------------------------------------------------------------------
 
-    async def start(
-        self,
-        argv: Sequence[StrOrPath],
-        *,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        extra_env: Mapping[str, str | None] | None = None,
-        cwd: StrOrPath | None = None,
-        check: bool = True,
-        grace: float | None = None,
-        stop_signal: int | None = None,
-        stdin: Input = DEVNULL,
-        stdout: Output = LOG,
-        stderr: Output = LOG,
-        pass_fds: Collection[int] = (),
-        start_new_session: bool = False,
-        user: str | int | None = None,
-        group: str | int | None = None,
-        extra_groups: Collection[str | int] | None = None,
-        umask: int = -1,
-        wait_started: bool = False,
-        start_timeout: float | None = None,
-        restart: Restart = "never",
-        max_restarts: int = 3,
-        backoff: float = 1.0,
-    ) -> Process:
+    @with_keywords(ProcessOptions)
+    async def start(self, argv: Sequence[StrOrPath], **options: Unpack[StartOptions]) -> Process:
         """Spawn ``argv`` as a managed child and return its :class:`Process` once it runs.
 
         The keywords that :mod:`subprocess` and :func:`anyio.open_process`
@@ -327,72 +298,30 @@ class Runner:
         cancellation goes on, as :func:`anyio.run_process` does; a start in a
         scope that is cancelled already spawns nothing.
         """
-        started = await self._start(
-            argv,
-            options=dict(
-                name=name,
-                env=env,
-                extra_env=extra_env,
-                cwd=cwd,
-                check=check,
-                grace=grace,
-                stop_signal=stop_signal,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                pass_fds=pass_fds,
-                start_new_session=start_new_session,
-                user=user,
-                group=group,
-                extra_groups=extra_groups,
-                umask=umask,
-                wait_started=wait_started,
-                start_timeout=start_timeout,
-                restart=restart,
-                max_restarts=max_restarts,
-                backoff=backoff,
-            ),
-            collect=False,
-            what="Runner.start",
-        )
-        proc, sup = started
-        if wait_started:
+        opts = ProcessOptions.of(options, "Runner.start")
+        proc, sup = await self._start(argv, opts, collect=False, what="Runner.start")
+        if opts.wait_started:
             await sup.wait_started()
         return proc
 
     async def _start(
-        self, argv: object, *, options: dict[str, Any], collect: bool, what: str
+        self, argv: object, options: ProcessOptions, *, collect: bool, what: str
     ) -> tuple[Process, Supervisor]:
         self.token.check(what)
         self._check_open()
-        wait_started = bool(options["wait_started"])
-        start_timeout = options["start_timeout"]
+        wait_started = bool(options.wait_started)
+        start_timeout = options.start_timeout
         if start_timeout is not None:
             if not wait_started:
                 raise ValueError("start_timeout needs wait_started=True: it bounds the report")
             start_timeout = check_grace(start_timeout, "start_timeout")
-        spec = SpawnSpec.make(
-            argv,
-            env=options["env"],
-            extra_env=options["extra_env"],
-            cwd=options["cwd"],
-            stdin=options["stdin"],
-            stdout=options["stdout"],
-            stderr=options["stderr"],
-            pass_fds=options["pass_fds"],
-            start_new_session=options["start_new_session"],
-            user=options["user"],
-            group=options["group"],
-            extra_groups=options["extra_groups"],
-            umask=options["umask"],
-            wait_started=wait_started,
-        )
-        grace = options["grace"]
+        spec = SpawnSpec.make(argv, options)
+        grace = options.grace
         grace = self._grace if grace is None else check_grace(grace)
-        stop_signal = options["stop_signal"]
+        stop_signal = options.stop_signal
         stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
-        policy = RestartPolicy.make(options["restart"], options["max_restarts"], options["backoff"])
-        name = self._unique_name(options["name"], spec.program)
+        policy = RestartPolicy.make(options.restart, options.max_restarts, options.backoff)
+        name = self._unique_name(options.name, spec.program)
         services = self._scope.services
         tg = self._scope.tg
         assert services is not None and tg is not None
@@ -414,7 +343,7 @@ class Runner:
             spawned,
             name=name,
             source=source,
-            check=bool(options["check"]),
+            check=bool(options.check),
             grace=grace,
             stop_signal=stop_signal,
             policy=policy,
@@ -447,32 +376,13 @@ class Runner:
             raise
         return proc, sup
 
+    @with_keywords(ProcessOptions)
     async def run(
         self,
         argv: Sequence[StrOrPath],
         *,
         input: bytes | None = None,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        extra_env: Mapping[str, str | None] | None = None,
-        cwd: StrOrPath | None = None,
-        check: bool = True,
-        grace: float | None = None,
-        stop_signal: int | None = None,
-        stdin: Input = DEVNULL,
-        stdout: Output = LOG,
-        stderr: Output = LOG,
-        pass_fds: Collection[int] = (),
-        start_new_session: bool = False,
-        user: str | int | None = None,
-        group: str | int | None = None,
-        extra_groups: Collection[str | int] | None = None,
-        umask: int = -1,
-        wait_started: bool = False,
-        start_timeout: float | None = None,
-        restart: Restart = "never",
-        max_restarts: int = 3,
-        backoff: float = 1.0,
+        **options: Unpack[StartOptions],
     ) -> CompletedProcess:
         """Run ``argv`` to completion and return a :class:`CompletedProcess`.
 
@@ -486,43 +396,19 @@ class Runner:
         calling task is cancelled, the child is stopped (stop signal, grace,
         SIGKILL) before the cancellation propagates.
         """
+        opts = ProcessOptions.of(options, "Runner.run")
+        stdin = opts.stdin
         if input is not None:
             if not isinstance(input, (bytes, bytearray, memoryview)):
                 raise TypeError(f"input must be bytes, not {type(input).__name__}")
             if stdin is not DEVNULL and stdin != DEVNULL:
                 raise ValueError("stdin and input cannot both be given")
             stdin = PIPE
-        started = await self._start(
-            argv,
-            options=dict(
-                name=name,
-                env=env,
-                extra_env=extra_env,
-                cwd=cwd,
-                check=False,
-                grace=grace,
-                stop_signal=stop_signal,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                pass_fds=pass_fds,
-                start_new_session=start_new_session,
-                user=user,
-                group=group,
-                extra_groups=extra_groups,
-                umask=umask,
-                wait_started=wait_started,
-                start_timeout=start_timeout,
-                restart=restart,
-                max_restarts=max_restarts,
-                backoff=backoff,
-            ),
-            collect=True,
-            what="Runner.run",
+        proc, sup = await self._start(
+            argv, opts.replace(check=False, stdin=stdin), collect=True, what="Runner.run"
         )
-        proc, sup = started
         try:
-            if wait_started:
+            if opts.wait_started:
                 await sup.wait_started()
             if proc.stdin is not None:
                 await _feed(proc, bytes(input or b""))
@@ -542,28 +428,15 @@ class Runner:
             started_value=proc.started_value,
             stderr_tail=proc.stderr_tail,
         )
-        if check and result.returncode != 0 and not sup.stop_requested:
+        if opts.check and result.returncode != 0 and not sup.stop_requested:
             result.check_returncode()
         return result
 
     # -- launching --------------------------------------------------------------------
 
+    @with_keywords(LaunchSpec)
     async def launch(
-        self,
-        func: Callable[..., T],
-        /,
-        *args: Any,
-        hosts: Sequence[str] | str | None = None,
-        workers_per_host: int | Sequence[int] | None = None,
-        extra_env: Mapping[str, str | None] | None = None,
-        copy_env: Sequence[str] = (),
-        ssh: SSH | None = None,
-        launcher_address: str | None = None,
-        start_timeout: float = DEFAULT_START_TIMEOUT,
-        link_timeout: float = DEFAULT_LINK_TIMEOUT,
-        grace: float | None = None,
-        log_level: int = logging.NOTSET,
-        host_log_dir: str | None = None,
+        self, func: Callable[..., T], /, *args: Any, **options: Unpack[LaunchOptions]
     ) -> LaunchResult[T]:
         """Run ``func(*args)`` once per worker, on this machine or across hosts.
 
@@ -632,42 +505,16 @@ class Runner:
             Exception: the exception a worker raised, rebuilt here, with the
                 remote traceback as its ``__cause__``.
         """
+        spec = LaunchSpec.of(options, "Runner.launch")
         self.token.check("Runner.launch")
         self._check_open()
         from .._launch import _launcher  # on first use: no cloudpickle, no agent code before
 
-        return await _launcher.launch(
-            self._launch_context(),
-            func,
-            args,
-            hosts=hosts,
-            workers_per_host=workers_per_host,
-            extra_env=extra_env,
-            copy_env=copy_env,
-            ssh=ssh,
-            launcher_address=launcher_address,
-            start_timeout=start_timeout,
-            link_timeout=link_timeout,
-            grace=grace,
-            log_level=log_level,
-            host_log_dir=host_log_dir,
-        )
+        return await _launcher.launch(self._launch_context(), spec, func, args)
 
+    @with_keywords(LaunchSpec)
     async def launch_command(
-        self,
-        argv: Sequence[StrOrPath],
-        *,
-        hosts: Sequence[str] | str | None = None,
-        workers_per_host: int | Sequence[int] | None = None,
-        extra_env: Mapping[str, str | None] | None = None,
-        copy_env: Sequence[str] = (),
-        ssh: SSH | None = None,
-        launcher_address: str | None = None,
-        start_timeout: float = DEFAULT_START_TIMEOUT,
-        link_timeout: float = DEFAULT_LINK_TIMEOUT,
-        grace: float | None = None,
-        log_level: int = logging.NOTSET,
-        host_log_dir: str | None = None,
+        self, argv: Sequence[StrOrPath], **options: Unpack[LaunchOptions]
     ) -> LaunchResult[int]:
         """Run the command ``argv`` once per worker, as :meth:`launch` runs a function.
 
@@ -679,26 +526,17 @@ class Runner:
         :class:`WorkerFailed` with its rank, host, exit code and stderr tail.
         The options are :meth:`launch`'s.
         """
+        spec = LaunchSpec.of(options, "Runner.launch_command")
         self.token.check("Runner.launch_command")
         self._check_open()
         from .._launch import _launcher
 
         return await _launcher.launch(
             self._launch_context(),
+            spec,
             None,
             (),
             argv=[os.fspath(a) for a in argv] if not isinstance(argv, (str, bytes)) else argv,
-            hosts=hosts,
-            workers_per_host=workers_per_host,
-            extra_env=extra_env,
-            copy_env=copy_env,
-            ssh=ssh,
-            launcher_address=launcher_address,
-            start_timeout=start_timeout,
-            link_timeout=link_timeout,
-            grace=grace,
-            log_level=log_level,
-            host_log_dir=host_log_dir,
         )
 
     def _launch_context(self) -> LaunchContext:

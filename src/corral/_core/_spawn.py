@@ -31,7 +31,7 @@ import subprocess
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .._checks import check_argv
 from .._errors import ResourceLimitError
@@ -39,6 +39,9 @@ from .._sys import _childenv, _platform
 from . import _handshake
 from ._lifeline import Lifeline
 from ._stdio import Plan, plan_input, plan_output
+
+if TYPE_CHECKING:
+    from ._options import ProcessOptions
 
 __all__ = ["SpawnSpec", "Spawned", "Spawner", "describe_argv"]
 
@@ -85,24 +88,13 @@ class SpawnSpec:
     wait_started: bool = False
 
     @classmethod
-    def make(
-        cls,
-        argv: object,
-        *,
-        env: object = None,
-        extra_env: object = None,
-        cwd: object = None,
-        stdin: object = subprocess.DEVNULL,
-        stdout: object,
-        stderr: object,
-        pass_fds: object = (),
-        start_new_session: object = False,
-        user: object = None,
-        group: object = None,
-        extra_groups: object = None,
-        umask: object = -1,
-        wait_started: object = False,
-    ) -> SpawnSpec:
+    def make(cls, argv: object, options: ProcessOptions) -> SpawnSpec:
+        """``argv`` and the spawn's part of ``options``, checked: ``TypeError``, ``ValueError``."""
+        env, extra_env, cwd = options.env, options.extra_env, options.cwd
+        stdin, stdout, stderr = options.stdin, options.stdout, options.stderr
+        pass_fds, start_new_session = options.pass_fds, options.start_new_session
+        user, group, extra_groups = options.user, options.group, options.extra_groups
+        umask, wait_started = options.umask, options.wait_started
         if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
             raise TypeError(f"cwd must be a path, not {type(cwd).__name__}")
         fds: tuple[int, ...] = ()
@@ -131,8 +123,8 @@ class SpawnSpec:
             stderr=plan_output(stderr, "stderr"),
             pass_fds=fds,
             start_new_session=bool(start_new_session),
-            user=user,  # type: ignore[arg-type]
-            group=group,  # type: ignore[arg-type]
+            user=user,
+            group=group,
             extra_groups=groups,
             umask=umask,
             wait_started=bool(wait_started),

@@ -49,9 +49,8 @@ stopped, not waited for.
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
@@ -60,8 +59,8 @@ from .._checks import check_argv
 from .._errors import LaunchError
 from .._results import LaunchResult
 from ._coordinator import Coordinator
-from ._hosts import SSH, free_port
-from ._options import DEFAULT_LINK_TIMEOUT, DEFAULT_START_TIMEOUT
+from ._hosts import free_port
+from ._options import LaunchSpec
 from ._plan import Plan, job_for, make_plan, pickle_job
 from ._remote import launch_remote
 from ._workers import HostWorkers
@@ -76,35 +75,14 @@ T = TypeVar("T")
 
 async def launch(
     ctx: LaunchContext,
+    spec: LaunchSpec,
     func: Callable[..., T] | None,
     args: tuple[Any, ...],
     *,
     argv: Sequence[str] | None = None,
-    hosts: Sequence[str] | str | None = None,
-    workers_per_host: int | Sequence[int] | None = None,
-    extra_env: Mapping[str, str | None] | None = None,
-    copy_env: Sequence[str] = (),
-    ssh: SSH | None = None,
-    launcher_address: str | None = None,
-    start_timeout: float = DEFAULT_START_TIMEOUT,
-    link_timeout: float = DEFAULT_LINK_TIMEOUT,
-    grace: float | None = None,
-    log_level: int = logging.NOTSET,
-    host_log_dir: str | None = None,
 ) -> LaunchResult[T]:
-    plan = make_plan(
-        ctx.grace,
-        hosts=hosts,
-        workers_per_host=workers_per_host,
-        extra_env=extra_env,
-        copy_env=copy_env,
-        ssh=ssh,
-        start_timeout=start_timeout,
-        link_timeout=link_timeout,
-        grace=grace,
-        log_level=log_level,
-        host_log_dir=host_log_dir,
-    )
+    """Run ``func(*args)``, or the command ``argv``, on the workers of ``spec``, in ``ctx``."""
+    plan = make_plan(ctx.grace, spec)
     if argv is not None:
         plan.argv = check_argv(argv)
         payload = b""
@@ -114,7 +92,7 @@ async def launch(
     coordinator = Coordinator(plan)
     if plan.remote:
         try:
-            await launch_remote(ctx, plan, payload, coordinator, launcher_address)
+            await launch_remote(ctx, plan, payload, coordinator, spec.launcher_address)
         except BaseExceptionGroup as group:
             # An agent that could not start is one error, however many task
             # groups it crossed (and however many agents failed alike).

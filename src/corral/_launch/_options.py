@@ -1,12 +1,79 @@
-"""The options of a launch, and their defaults."""
+"""The options of a launch: what :meth:`Runner.launch` and :meth:`Runner.launch_command` take.
+
+They are spelled once, as the fields of :class:`LaunchSpec` (names, types,
+defaults), with :class:`LaunchOptions` beside it for type checkers
+(``**options: Unpack[LaunchOptions]``); what each means is in
+:meth:`Runner.launch`'s docstring.
+"""
 
 from __future__ import annotations
 
-from . import _link
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypedDict
 
-__all__ = ["DEFAULT_LINK_TIMEOUT", "DEFAULT_START_TIMEOUT"]
+from .._checks import check_keywords
+from . import _link
+from ._hosts import SSH
+
+__all__ = ["DEFAULT_LINK_TIMEOUT", "DEFAULT_START_TIMEOUT", "LaunchOptions", "LaunchSpec"]
 
 #: Seconds agents get to start and dial back, unless ``start_timeout`` says otherwise.
 DEFAULT_START_TIMEOUT = 60.0
 #: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
 DEFAULT_LINK_TIMEOUT = _link.DEFAULT_LINK_TIMEOUT
+
+
+class LaunchOptions(TypedDict, total=False):
+    """The keywords of :meth:`Runner.launch` and :meth:`Runner.launch_command`, as a TypedDict.
+
+    For code that passes them on and wants them type-checked
+    (``**options: Unpack[corral.LaunchOptions]``), as :class:`StartOptions`
+    is for :meth:`Runner.start`.  Every key is optional;
+    :meth:`Runner.launch` says what each means.  (Its defaults are those of
+    corral's own ``LaunchSpec``, which ``tests/test_options.py`` keeps in
+    step with it.)
+    """
+
+    hosts: Sequence[str] | str | None
+    workers_per_host: int | Sequence[int] | None
+    extra_env: Mapping[str, str | None] | None
+    copy_env: Sequence[str]
+    ssh: SSH | None
+    launcher_address: str | None
+    start_timeout: float
+    link_timeout: float
+    grace: float | None
+    log_level: int
+    host_log_dir: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchSpec:
+    """What a launch was asked for: the keywords of :meth:`Runner.launch`, with their defaults.
+
+    Not checked yet: the launch's plan checks each value, before anything starts.
+    """
+
+    hosts: Sequence[str] | str | None = None
+    workers_per_host: int | Sequence[int] | None = None
+    extra_env: Mapping[str, str | None] | None = None
+    copy_env: Sequence[str] = ()
+    ssh: SSH | None = None
+    launcher_address: str | None = None
+    start_timeout: float = DEFAULT_START_TIMEOUT
+    link_timeout: float = DEFAULT_LINK_TIMEOUT
+    grace: float | None = None
+    log_level: int = logging.NOTSET
+    host_log_dir: str | None = None
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any], what: str) -> LaunchSpec:
+        """From a call's keywords; an unknown one is a ``TypeError``, as for any call."""
+        check_keywords(options, _LAUNCH_FIELDS, what)
+        return cls(**options)
+
+
+_LAUNCH_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(LaunchSpec))

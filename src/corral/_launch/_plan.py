@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -17,6 +17,7 @@ from ._hosts import (
     slurm_hosts,
     slurm_workers_per_host,
 )
+from ._options import LaunchSpec
 
 __all__ = ["Plan", "job_for", "make_plan", "pickle_job"]
 
@@ -42,20 +43,12 @@ class Plan:
         return sum(self.counts)
 
 
-def make_plan(
-    default_grace: float,
-    *,
-    hosts: Sequence[str] | str | None,
-    workers_per_host: int | Sequence[int] | None,
-    extra_env: Mapping[str, str | None] | None,
-    copy_env: Sequence[str],
-    ssh: SSH | None,
-    start_timeout: float,
-    link_timeout: float,
-    grace: float | None,
-    log_level: int,
-    host_log_dir: str | None,
-) -> Plan:
+def make_plan(default_grace: float, spec: LaunchSpec) -> Plan:
+    """The plan of a launch: ``spec`` checked, hosts and workers counted, environments made."""
+    hosts, workers_per_host, extra_env = spec.hosts, spec.workers_per_host, spec.extra_env
+    copy_env, ssh, start_timeout = spec.copy_env, spec.ssh, spec.start_timeout
+    link_timeout, grace, log_level = spec.link_timeout, spec.grace, spec.log_level
+    host_log_dir = spec.host_log_dir
     slurm = hosts == "slurm"
     if hosts is None:
         names = ["localhost"]

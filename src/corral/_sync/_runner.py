@@ -8,11 +8,13 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
+from .._core._options import StartOptions
 from .._core._runner import Runner, open_runner
 from .._core._token import LoopToken
 from .._errors import CorralError
+from .._launch._options import LaunchOptions
 from .._results import CompletedProcess, LaunchResult
 from ._handles import SyncProcess
 from ._portal import Portal
@@ -136,7 +138,9 @@ class SyncRunner:
 
     # -- what the runner does -----------------------------------------------------------
 
-    def start(self, argv: Sequence[str | os.PathLike[str]], **options: Any) -> SyncProcess:
+    def start(
+        self, argv: Sequence[str | os.PathLike[str]], **options: Unpack[StartOptions]
+    ) -> SyncProcess:
         """Start ``argv`` as :meth:`Runner.start` does (same options); return its handle.
 
         ``stdin``, ``stdout`` and ``stderr`` cannot be ``PIPE`` here (the
@@ -154,7 +158,13 @@ class SyncRunner:
         proc = self._portal.call("Runner.start", lambda r: r.start(argv, **options))
         return SyncProcess(self._portal, proc)
 
-    def run(self, argv: Sequence[str | os.PathLike[str]], **options: Any) -> CompletedProcess:
+    def run(
+        self,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        input: bytes | None = None,
+        **options: Unpack[StartOptions],
+    ) -> CompletedProcess:
         """Run ``argv`` to completion as :meth:`Runner.run` does; return its result.
 
         Returns a :class:`CompletedProcess`.  With ``check=True`` (the default) a failure raises
@@ -162,15 +172,17 @@ class SyncRunner:
         child and every other one before :class:`KeyboardInterrupt` comes out.
         """
         self._portal.note_grace(options.get("grace"))
-        return self._portal.call("Runner.run", lambda r: r.run(argv, **options))
+        return self._portal.call("Runner.run", lambda r: r.run(argv, input=input, **options))
 
-    def launch(self, func: Callable[..., T], /, *args: Any, **options: Any) -> LaunchResult[T]:
+    def launch(
+        self, func: Callable[..., T], /, *args: Any, **options: Unpack[LaunchOptions]
+    ) -> LaunchResult[T]:
         """Run ``func(*args)`` on every worker as :meth:`Runner.launch` does (same options)."""
         self._portal.note_grace(options.get("grace"))
         return self._portal.call("Runner.launch", lambda r: r.launch(func, *args, **options))
 
     def launch_command(
-        self, argv: Sequence[str | os.PathLike[str]], **options: Any
+        self, argv: Sequence[str | os.PathLike[str]], **options: Unpack[LaunchOptions]
     ) -> LaunchResult[int]:
         """Run the command on every worker as :meth:`Runner.launch_command` does."""
         self._portal.note_grace(options.get("grace"))
