@@ -1,6 +1,7 @@
 """The core: a runner owns child processes as a nursery owns tasks.
 
-``_runner`` (the :class:`Runner`, its public API), ``_scope`` (its entry and
+``_runner`` (the :class:`Runner`, its public API), ``_children`` (how a child
+is started, named and observed), ``_scope`` (its entry and
 exit: the task group and the services that live as long as it),
 ``_options`` (what a start takes), ``_process`` (the :class:`Process`
 handle), ``_supervisor`` (the machinery behind it: each run's core and

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
@@ -52,27 +50,18 @@ from .._logs._router import Route
 from .._monitor._clients import MonitorSink
 from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
-from .._sys import _backend
-from . import _signals
+from ._children import MAX_NAME, Children, check_name
 from ._lifeline import Lifeline
-from ._options import ProcessOptions, RestartPolicy, StartOptions, StrOrPath
+from ._options import ProcessOptions, StartOptions, StrOrPath
 from ._process import Process
 from ._scope import Scope
-from ._spawn import SpawnSpec, describe_argv
 from ._stdio import DEVNULL, PIPE
-from ._supervisor import Supervisor
 from ._token import LoopToken
 
-__all__ = ["Runner", "open_runner"]
+__all__ = ["MAX_NAME", "Runner", "open_runner"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
-
-#: The longest name a runner or process may have.
-MAX_NAME = 100
-
-_NAME_OK = re.compile(r"[^\s/\\\0]+")
-_NAME_BAD_CHARS = re.compile(r"[\s/\\\0]+")
 
 
 class Runner:
@@ -98,7 +87,7 @@ class Runner:
         handle_signals: bool | None = None,
         monitor: str | bool | None = None,
     ) -> None:
-        _check_name(name, "runner")
+        check_name(name, "runner")
         if "." in name:
             raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
         self._name = name
@@ -128,21 +117,20 @@ class Runner:
             propagate=bool(propagate),
         )
         self._lifeline = Lifeline(on_error=self._lifeline_error)
-        self._live: dict[str, Process] = {}
         self._entered = False
-        self._name_counters: dict[str, int] = {}
-        self._observers: list[Callable[[Process, str], None]] = []
-        if self._monitor is not None:
-            self._observers.append(self._monitor.process_event)
         self._scope = Scope(
             name,
             hub=self._hub,
             lifeline=self._lifeline,
             monitor=self._monitor,
             handle_signals=handle_signals,
-            live_count=lambda: len(self._live),
-            protected=_internal_modules,
+            live_count=lambda: len(self._children),
         )
+        self._children = Children(
+            name, hub=self._hub, scope=self._scope, grace=self._grace, stop_signal=self._stop_signal
+        )
+        if self._monitor is not None:
+            self._children.add_observer(self._monitor.process_event)
 
     # -- properties -------------------------------------------------------------------
 
@@ -183,10 +171,10 @@ class Runner:
     @property
     def processes(self) -> tuple[Process, ...]:
         """The children that are running now, in the order they were started."""
-        return tuple(self._live.values())
+        return self._children.live
 
     def __repr__(self) -> str:
-        return f"<corral.Runner {self._name!r} with {len(self._live)} running>"
+        return f"<corral.Runner {self._name!r} with {len(self._children)} running>"
 
     # -- scope ------------------------------------------------------------------------
 
@@ -299,82 +287,11 @@ class Runner:
         scope that is cancelled already spawns nothing.
         """
         opts = ProcessOptions.of(options, "Runner.start")
-        proc, sup = await self._start(argv, opts, collect=False, what="Runner.start")
+        self.token.check("Runner.start")
+        proc, sup = await self._children.start(argv, opts, collect=False, what="Runner.start")
         if opts.wait_started:
             await sup.wait_started()
         return proc
-
-    async def _start(
-        self, argv: object, options: ProcessOptions, *, collect: bool, what: str
-    ) -> tuple[Process, Supervisor]:
-        self.token.check(what)
-        self._check_open()
-        wait_started = bool(options.wait_started)
-        start_timeout = options.start_timeout
-        if start_timeout is not None:
-            if not wait_started:
-                raise ValueError("start_timeout needs wait_started=True: it bounds the report")
-            start_timeout = check_grace(start_timeout, "start_timeout")
-        spec = SpawnSpec.make(argv, options)
-        grace = options.grace
-        grace = self._grace if grace is None else check_grace(grace)
-        stop_signal = options.stop_signal
-        stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
-        policy = RestartPolicy.make(options.restart, options.max_restarts, options.backoff)
-        name = self._unique_name(options.name, spec.program)
-        services = self._scope.services
-        tg = self._scope.tg
-        assert services is not None and tg is not None
-        # A start in a cancelled scope (or one whose deadline has passed)
-        # spawns nothing.
-        await _checkpoint_if_cancelled()
-        source = self._hub.source(name)
-        spawned = services.spawner.spawn(spec, self._hub.child_env(source))
-
-        def exited() -> None:
-            self._process_exited(proc)
-
-        def event(state: str) -> None:
-            self._process_event(proc, state)
-
-        sup = Supervisor(
-            services,
-            spec,
-            spawned,
-            name=name,
-            source=source,
-            check=bool(options.check),
-            grace=grace,
-            stop_signal=stop_signal,
-            policy=policy,
-            start_timeout=start_timeout,
-            collect=collect,
-            on_exit=exited,
-            on_event=event,
-        )
-        proc = Process(sup)
-        self._live[name] = proc
-        signals = self._scope.signals
-        if signals is not None:
-            signals.add(sup)
-        self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
-        self._process_event(proc, "running")
-        try:
-            # Its supervisor must run, or nobody ever reaps the child.
-            await _backend.start_surely(
-                tg, (sup.supervise, (), f"corral supervisor {self._name}.{name}")
-            )
-            # Spawning holds the loop for a few hundred microseconds: let others
-            # run.  A cancellation that arrives now (a deadline that passed
-            # during the spawn included) cancels the start: the child is
-            # stopped and reaped first: a start returns only a child its
-            # caller is still there to hold.
-            await anyio.lowlevel.checkpoint()
-            await _checkpoint_if_cancelled()
-        except BaseException:
-            await sup.abandon()
-            raise
-        return proc, sup
 
     @with_keywords(ProcessOptions)
     async def run(
@@ -404,7 +321,8 @@ class Runner:
             if stdin is not DEVNULL and stdin != DEVNULL:
                 raise ValueError("stdin and input cannot both be given")
             stdin = PIPE
-        proc, sup = await self._start(
+        self.token.check("Runner.run")
+        proc, sup = await self._children.start(
             argv, opts.replace(check=False, stdin=stdin), collect=True, what="Runner.run"
         )
         try:
@@ -555,13 +473,7 @@ class Runner:
         supervisor, which fails the runner).  Call the returned function to
         remove it again.
         """
-        self._observers.append(callback)
-
-        def remove() -> None:
-            if callback in self._observers:
-                self._observers.remove(callback)
-
-        return remove
+        return self._children.add_observer(callback)
 
     def log(self, level: int, message: str) -> None:
         """Log a record of the runner's own, as its lifecycle records are (``started web``...).
@@ -591,46 +503,6 @@ class Runner:
         if self._scope.closing:
             raise RuntimeError(f"runner {self._name!r} is closing; it starts no new processes")
 
-    def _unique_name(self, name: str | None, program: str) -> str:
-        taken = self._live
-        if name is not None:
-            _check_name(name, "process")
-            if name in taken:
-                raise ValueError(f"a process named {name!r} is already running in this runner")
-        else:
-            base = (_NAME_BAD_CHARS.sub("-", program) or "process")[: MAX_NAME - 8]
-            name = base
-            if name in taken:
-                # Suffixes count up per base name, so naming stays linear even
-                # with a thousand children of one program.
-                n = self._name_counters.get(base, 1)
-                while name in taken:
-                    n += 1
-                    name = f"{base}-{n}"
-                self._name_counters[base] = n
-        return name
-
-    def _process_event(self, proc: Process, state: str) -> None:
-        for observer in self._observers:
-            observer(proc, state)
-
-    def _process_exited(self, proc: Process) -> None:
-        if self._live.get(proc.name) is proc:
-            del self._live[proc.name]
-        if self._scope.closing and not self._live:
-            self._scope.children_done.set()
-
-
-async def _checkpoint_if_cancelled() -> None:
-    """Raise the cancellation if the calling task is cancelled, or its deadline has passed.
-
-    :func:`anyio.lowlevel.checkpoint_if_cancelled` sees a cancelled scope, but
-    not a deadline that has passed while the loop has not yet noticed it.
-    """
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    while anyio.current_effective_deadline() <= anyio.current_time():
-        await anyio.lowlevel.checkpoint()  # the deadline's cancellation is on its way
-
 
 async def _feed(proc: Process, data: bytes) -> None:
     """Write ``data`` to the child's stdin and close it; a child that stopped reading is fine."""
@@ -643,47 +515,6 @@ async def _feed(proc: Process, data: bytes) -> None:
         pass
     finally:
         await stdin.aclose()
-
-
-def _check_name(name: object, what: str) -> None:
-    if not isinstance(name, str) or not _NAME_OK.fullmatch(name) or len(name) > MAX_NAME:
-        raise ValueError(
-            f"{what} name {name!r} must be 1-{MAX_NAME} characters, without spaces or slashes"
-        )
-
-
-def _internal_modules() -> list[Any]:
-    """The modules whose code is KeyboardInterrupt-protected on Trio (see ``protect_on_trio``)."""
-    from .. import _checks, _results
-    from .._logs import _hub
-    from . import (
-        _handshake,
-        _lifeline,
-        _options,
-        _process,
-        _run,
-        _scope,
-        _spawn,
-        _supervisor,
-        _token,
-    )
-
-    return [
-        sys.modules[__name__],
-        _checks,
-        _handshake,
-        _lifeline,
-        _options,
-        _process,
-        _results,
-        _run,
-        _scope,
-        _signals,
-        _spawn,
-        _supervisor,
-        _token,
-        *_hub.protected_modules(),
-    ]
 
 
 def open_runner(

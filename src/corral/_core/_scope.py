@@ -12,14 +12,15 @@ for the rules.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable
 from types import ModuleType, TracebackType
 
 import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from .._logs._hub import LogHub
+from .._logs._hub import LogHub, protected_modules
 from .._monitor._serve import serve as serve_monitor
 from .._monitor._server import Monitor
 from .._sys import _backend, _platform
@@ -35,8 +36,7 @@ __all__ = ["Scope"]
 class Scope:
     """The task group of one runner and the services around it (see the module's docs).
 
-    ``live_count`` tells how many children run; ``protected`` lists the
-    modules to protect from KeyboardInterrupt on Trio.  :attr:`tg`,
+    ``live_count`` tells how many children run.  :attr:`tg`,
     :attr:`services` and :attr:`signals` are there once entered;
     :attr:`closing` once the exit began, and :attr:`children_done` is set
     once the exit began and every child is gone.
@@ -51,7 +51,6 @@ class Scope:
         monitor: Monitor | None,
         handle_signals: bool | None,
         live_count: Callable[[], int],
-        protected: Callable[[], Iterable[ModuleType]],
     ) -> None:
         self._name = name
         self._hub = hub
@@ -59,7 +58,6 @@ class Scope:
         self._monitor = monitor
         self._handle_signals = handle_signals
         self._live_count = live_count
-        self._protected = protected
         self.token: LoopToken | None = None
         self.tg: TaskGroup | None = None
         self.closing = False
@@ -75,7 +73,7 @@ class Scope:
         _platform.require_pidfd()
         token = LoopToken.current()
         if token.backend == "trio":
-            _backend.protect_on_trio(self._protected())
+            _backend.protect_on_trio(_protected_modules())
         self.token = token
         hub = self._hub
         entered: list[str] = []
@@ -257,3 +255,29 @@ class Scope:
         if self.tg is not None and not self.tg.cancel_scope.cancel_called:
             self._hub.log(logging.INFO, "the host event loop is ending: stopping every child")
             self.tg.cancel_scope.cancel()
+
+
+#: The modules of the core whose code runs on the loop.
+_CORE_MODULES = (
+    "_children",
+    "_handshake",
+    "_lifeline",
+    "_options",
+    "_process",
+    "_run",
+    "_runner",
+    "_scope",
+    "_signals",
+    "_spawn",
+    "_supervisor",
+    "_token",
+)
+
+
+def _protected_modules() -> list[ModuleType]:
+    """The modules whose code is KeyboardInterrupt-protected on Trio (see ``protect_on_trio``).
+
+    Looked up by name: each is imported by the time a runner is entered.
+    """
+    names = [f"{__package__}.{m}" for m in _CORE_MODULES] + ["corral._checks", "corral._results"]
+    return [sys.modules[n] for n in names if n in sys.modules] + protected_modules()

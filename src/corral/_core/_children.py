@@ -1,0 +1,214 @@
+"""A runner's children: how one is started, named, watched and let go.
+
+:class:`Children` is the registry behind :class:`~corral._core._runner.Runner`:
+the children that run now under their unique names, the observers told of
+each change of state, and the one path by which a child comes into being —
+options checked, the child spawned, its :class:`Supervisor` started in the
+runner's task group, the :class:`Process` handed back.  The runner's public
+methods are thin: :meth:`Runner.start` and :meth:`Runner.run` both come here.
+
+Names follow one rule (:func:`check_name`): 1 to :data:`MAX_NAME`
+characters, no spaces or slashes, since a name is part of a log source and
+of a log file's name.  A child without a name gets its program's base
+name, with a numbered suffix while that one is taken.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Final
+
+import anyio
+import anyio.lowlevel
+
+from .._checks import check_grace, check_signal
+from .._logs._hub import LogHub
+from .._sys import _backend
+from ._options import ProcessOptions, RestartPolicy
+from ._process import Process
+from ._scope import Scope
+from ._spawn import SpawnSpec, describe_argv
+from ._supervisor import Supervisor
+
+__all__ = ["MAX_NAME", "Children", "check_name"]
+
+#: The longest name a runner or process may have.
+MAX_NAME: Final = 100
+
+_NAME_OK = re.compile(r"[^\s/\\\0]+")
+_NAME_BAD_CHARS = re.compile(r"[\s/\\\0]+")
+
+Observer = Callable[[Process, str], None]
+
+
+def check_name(name: object, what: str) -> None:
+    """``ValueError`` unless ``name`` may name a runner or a process (``what`` says which)."""
+    if not isinstance(name, str) or not _NAME_OK.fullmatch(name) or len(name) > MAX_NAME:
+        raise ValueError(
+            f"{what} name {name!r} must be 1-{MAX_NAME} characters, without spaces or slashes"
+        )
+
+
+class Children:
+    """The children of one runner (see the module's docs).
+
+    ``grace`` and ``stop_signal`` are the runner's defaults, checked.
+    """
+
+    def __init__(
+        self, runner: str, *, hub: LogHub, scope: Scope, grace: float, stop_signal: int
+    ) -> None:
+        self._runner = runner
+        self._hub = hub
+        self._scope = scope
+        self._grace = grace
+        self._stop_signal = stop_signal
+        self._live: dict[str, Process] = {}
+        self._name_counters: dict[str, int] = {}
+        self._observers: list[Observer] = []
+
+    @property
+    def live(self) -> tuple[Process, ...]:
+        """The children that run now, in the order they were started."""
+        return tuple(self._live.values())
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    # -- observers --------------------------------------------------------------------
+
+    def add_observer(self, callback: Observer) -> Callable[[], None]:
+        """Call ``callback(process, state)`` at each change of state; returns its remover."""
+        self._observers.append(callback)
+
+        def remove() -> None:
+            if callback in self._observers:
+                self._observers.remove(callback)
+
+        return remove
+
+    def _event(self, proc: Process, state: str) -> None:
+        for observer in self._observers:
+            observer(proc, state)
+
+    def _exited(self, proc: Process) -> None:
+        if self._live.get(proc.name) is proc:
+            del self._live[proc.name]
+        if self._scope.closing and not self._live:
+            self._scope.children_done.set()
+
+    # -- starting ---------------------------------------------------------------------
+
+    async def start(
+        self, argv: object, options: ProcessOptions, *, collect: bool, what: str
+    ) -> tuple[Process, Supervisor]:
+        """Check ``options``, spawn ``argv`` and supervise it; the handle and its supervisor.
+
+        ``collect`` keeps the exact bytes of piped streams (for
+        :meth:`Runner.run`); ``what`` names the caller in errors.  Nothing is
+        spawned when an option is wrong or the calling scope is cancelled
+        already; a cancellation that arrives once the child runs stops and
+        reaps it before it goes on.
+        """
+        if self._scope.tg is None:
+            raise RuntimeError("the runner has not been entered yet (use 'async with')")
+        if self._scope.closing:
+            raise RuntimeError(f"runner {self._runner!r} is closing; it starts no new processes")
+        wait_started = bool(options.wait_started)
+        start_timeout = options.start_timeout
+        if start_timeout is not None:
+            if not wait_started:
+                raise ValueError("start_timeout needs wait_started=True: it bounds the report")
+            start_timeout = check_grace(start_timeout, "start_timeout")
+        spec = SpawnSpec.make(argv, options)
+        grace = options.grace
+        grace = self._grace if grace is None else check_grace(grace)
+        stop_signal = options.stop_signal
+        stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
+        policy = RestartPolicy.make(options.restart, options.max_restarts, options.backoff)
+        name = self._unique_name(options.name, spec.program)
+        services = self._scope.services
+        tg = self._scope.tg
+        assert services is not None and tg is not None
+        # A start in a cancelled scope (or one whose deadline has passed)
+        # spawns nothing.
+        await checkpoint_if_cancelled()
+        source = self._hub.source(name)
+        spawned = services.spawner.spawn(spec, self._hub.child_env(source))
+
+        def exited() -> None:
+            self._exited(proc)
+
+        def event(state: str) -> None:
+            self._event(proc, state)
+
+        sup = Supervisor(
+            services,
+            spec,
+            spawned,
+            name=name,
+            source=source,
+            check=bool(options.check),
+            grace=grace,
+            stop_signal=stop_signal,
+            policy=policy,
+            start_timeout=start_timeout,
+            collect=collect,
+            on_exit=exited,
+            on_event=event,
+        )
+        proc = Process(sup)
+        self._live[name] = proc
+        signals = self._scope.signals
+        if signals is not None:
+            signals.add(sup)
+        self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
+        self._event(proc, "running")
+        try:
+            # Its supervisor must run, or nobody ever reaps the child.
+            await _backend.start_surely(
+                tg, (sup.supervise, (), f"corral supervisor {self._runner}.{name}")
+            )
+            # Spawning holds the loop for a few hundred microseconds: let others
+            # run.  A cancellation that arrives now (a deadline that passed
+            # during the spawn included) cancels the start: the child is
+            # stopped and reaped first: a start returns only a child its
+            # caller is still there to hold.
+            await anyio.lowlevel.checkpoint()
+            await checkpoint_if_cancelled()
+        except BaseException:
+            await sup.abandon()
+            raise
+        return proc, sup
+
+    def _unique_name(self, name: str | None, program: str) -> str:
+        taken = self._live
+        if name is not None:
+            check_name(name, "process")
+            if name in taken:
+                raise ValueError(f"a process named {name!r} is already running in this runner")
+        else:
+            base = (_NAME_BAD_CHARS.sub("-", program) or "process")[: MAX_NAME - 8]
+            name = base
+            if name in taken:
+                # Suffixes count up per base name, so naming stays linear even
+                # with a thousand children of one program.
+                n = self._name_counters.get(base, 1)
+                while name in taken:
+                    n += 1
+                    name = f"{base}-{n}"
+                self._name_counters[base] = n
+        return name
+
+
+async def checkpoint_if_cancelled() -> None:
+    """Raise the cancellation if the calling task is cancelled, or its deadline has passed.
+
+    :func:`anyio.lowlevel.checkpoint_if_cancelled` sees a cancelled scope, but
+    not a deadline that has passed while the loop has not yet noticed it.
+    """
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    while anyio.current_effective_deadline() <= anyio.current_time():
+        await anyio.lowlevel.checkpoint()  # the deadline's cancellation is on its way
