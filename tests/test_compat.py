@@ -715,7 +715,7 @@ async def test_cwd_path_and_str(tag: str, tmp_path: Path) -> None:
                 ["./reporter"], cwd=tmp_path, stdout=PIPE, wait_started=True, extra_env=tagged(tag)
             )
             assert p.started_value == "up"
-            assert p.argv == ("./reporter",)
+            assert p.args == ["./reporter"]
             assert p.stdout is not None
             assert await receive_all(p.stdout) == f"./reporter\n{tmp_path}\n".encode()
             assert await p.wait() == 0

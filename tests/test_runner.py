@@ -33,7 +33,7 @@ async def test_start_returns_running_process(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
         p = await r.start(["sleep", "1000"], name="sleeper", extra_env={TAG_VAR: tag})
         assert p.name == "sleeper"
-        assert p.argv == ("sleep", "1000")
+        assert p.args == ["sleep", "1000"]
         assert p.returncode is None
         assert is_alive(p.pid)
         assert os.getpgid(p.pid) == p.pid  # its own process group

@@ -10,8 +10,11 @@ its state and asks for stops; the supervisor does the rest.
 
 from __future__ import annotations
 
-import signal
+import signal as _signal
+import warnings
 from typing import TYPE_CHECKING
+
+import anyio.abc
 
 from .._checks import check_signal
 from .._sys import _platform
@@ -25,13 +28,14 @@ if TYPE_CHECKING:
 __all__ = ["Process"]
 
 
-class Process:
+class Process(anyio.abc.Process):
     """A child process managed by a :class:`Runner`.
 
     Every child is the leader of its own process group, and everything this
     class does to it (stop, kill, signal) reaches the whole group, so the
-    child's own children are never left behind.  It reads like AnyIO's and
-    :mod:`subprocess`'s process objects: :meth:`terminate`, :meth:`kill` and
+    child's own children are never left behind.  It is an
+    :class:`anyio.abc.Process`, and reads like :mod:`subprocess`'s process
+    objects too: :meth:`terminate`, :meth:`kill` and
     :meth:`send_signal` send at once, :attr:`returncode` and :meth:`poll`
     reflect an exit as soon as it happened, and :meth:`stop` is the graceful
     stop (the stop signal, a grace period, SIGKILL).
@@ -62,14 +66,19 @@ class Process:
         return self._sup.source.name
 
     @property
-    def argv(self) -> tuple[str, ...]:
-        """The argument vector the child was started with."""
-        return tuple(self._sup.spec.argv)
+    def args(self) -> list[str]:
+        """The argument vector the child was started with (as :attr:`subprocess.Popen.args`)."""
+        return list(self._sup.spec.argv)
 
     @property
-    def args(self) -> list[str]:
-        """The argument vector, as :mod:`subprocess` calls it."""
-        return list(self._sup.spec.argv)
+    def argv(self) -> tuple[str, ...]:
+        """Deprecated: the same as :attr:`args`, as a tuple."""
+        warnings.warn(
+            "Process.argv is deprecated; use Process.args, as in subprocess",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return tuple(self._sup.spec.argv)
 
     @property
     def returncode(self) -> int | None:
@@ -177,7 +186,7 @@ class Process:
         """
         self._token.check("Process.terminate")
         self._sup.request_stop()
-        self._sup.signal_group(signal.SIGTERM)
+        self._sup.signal_group(_signal.SIGTERM)
 
     def kill(self) -> None:
         """Send SIGKILL to the child's whole process group, at once.
@@ -187,16 +196,16 @@ class Process:
         """
         self._token.check("Process.kill")
         self._sup.request_stop()
-        self._sup.signal_group(signal.SIGKILL)
+        self._sup.signal_group(_signal.SIGKILL)
 
-    def send_signal(self, sig: int) -> None:
-        """Send ``sig`` to the child's whole process group, at once.
+    def send_signal(self, signal: int) -> None:
+        """Send ``signal`` to the child's whole process group, at once (0 checks it exists).
 
         Unlike :meth:`terminate` and :meth:`kill`, an exit that this signal
         causes counts as a failure for a ``check=True`` child.
         """
         self._token.check("Process.send_signal")
-        self._sup.signal_group(check_signal(sig, "sig") if sig != 0 else 0)
+        self._sup.signal_group(check_signal(signal, "signal") if signal != 0 else 0)
 
     async def stop(self, grace: float | None = None) -> int:
         """Stop the child: its stop signal to the group, up to ``grace`` seconds, then SIGKILL.

@@ -118,10 +118,10 @@ class SyncProcess:
         process = self._process
         self._portal.call_sync("Process.kill", lambda r: process.kill())
 
-    def send_signal(self, sig: int) -> None:
-        """Send ``sig`` to the child's process group, as :meth:`Process.send_signal`."""
+    def send_signal(self, signal: int) -> None:
+        """Send ``signal`` to the child's process group, as :meth:`Process.send_signal`."""
         process = self._process
-        self._portal.call_sync("Process.send_signal", lambda r: process.send_signal(sig))
+        self._portal.call_sync("Process.send_signal", lambda r: process.send_signal(signal))
 
     def logs(self, *, buffer: int = 1024) -> SyncLogTail:
         """Follow the child's log records: ``for record in proc.logs(): ...``.
