@@ -230,6 +230,26 @@ async def test_local_ranks_environment_and_by_host(tag: str) -> None:
     assert len(pids) == 3 and os.getpid() not in pids  # three fresh processes
 
 
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_local_command_returns_a_completed_process_per_rank(tag: str) -> None:
+    script = "import os, sys; sys.stderr.write(f'rank {os.environ[\"RANK\"]}\\n')"
+    argv = [sys.executable, "-c", script]
+    async with corral.open_runner(name="cmd", console=False) as r:
+        ran = await r.launch_command(argv, workers_per_host=2, extra_env={TAG_VAR: tag})
+    assert isinstance(ran, corral.LaunchResult)
+    assert ran.by_host == {"localhost": list(ran)}
+    for rank, done in enumerate(ran):
+        assert isinstance(done, corral.CompletedProcess)
+        assert done.args == argv
+        assert done.returncode == 0
+        assert done.name == f"agent-0.worker-{rank}"
+        assert done.pid > 0 and done.pid != os.getpid()
+        assert done.duration > 0
+        assert done.stdout is None and done.stderr is None  # the output went to the logs
+    assert len({done.pid for done in ran}) == 2
+
+
 def adder(a: int, b: int, *, scale: int = 1) -> int:
     return (a + b) * scale + int(os.environ["RANK"])
 

@@ -377,7 +377,11 @@ def test_blocking_runner_run_and_start(backend: str, tag: str) -> None:
         assert p.wait() == -signal.SIGUSR1
 
         assert list(r.launch(square, 5, workers_per_host=2, extra_env=env)) == [5, 6]
-        assert list(r.launch_command(["true"], workers_per_host=2, extra_env=env)) == [0, 0]
+        ran = r.launch_command(["true"], workers_per_host=2, extra_env=env)
+        assert [(c.args, c.returncode, c.name) for c in ran] == [
+            (["true"], 0, "agent-0.worker-0"),
+            (["true"], 0, "agent-0.worker-1"),
+        ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

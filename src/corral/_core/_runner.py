@@ -433,13 +433,17 @@ class Runner:
     @with_keywords(LaunchSpec)
     async def launch_command(
         self, argv: Sequence[StrOrPath], **options: Unpack[LaunchOptions]
-    ) -> LaunchResult[int]:
+    ) -> LaunchResult[CompletedProcess]:
         """Run the command ``argv`` once per worker, as :meth:`launch` runs a function.
 
         What ``torchrun`` does for a script: each worker is ``argv`` itself,
         started with the same torchrun-compatible environment, and its output
-        is logged under ``<runner>.agent-<i>.worker-<j>``.  Returns the exit
-        codes (all 0) in rank order.  The first worker that exits with
+        is logged under ``<runner>.agent-<i>.worker-<j>``.  Returns how each
+        ran, in rank order: a :class:`CompletedProcess` per worker (its
+        ``args``, ``returncode`` 0, the worker's ``name``
+        ``agent-<i>.worker-<j>``, its ``pid`` on its host, its ``duration``;
+        the output went to the logs, so ``stdout`` and ``stderr`` are
+        ``None``).  The first worker that exits with
         another code, or is killed, makes every other one stop and raises
         :class:`WorkerFailed` with its rank, host, exit code and stderr tail.
         The options are :meth:`launch`'s.

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from .._errors import LaunchError, RemoteTraceback, WorkerFailed, signal_name
-from .._results import LaunchResult
+from .._results import CompletedProcess, LaunchResult
 from . import _link
 from ._plan import Plan
 
@@ -73,9 +73,16 @@ class Coordinator:
         if rank in self._answered:
             return
         if self.plan.argv and message.returncode == 0:
-            # A command's exit code is its answer.
+            # A command's answer is how it ran: its exit code, pid and duration.
             self._answered.add(rank)
-            self.values[rank] = 0
+            self.values[rank] = CompletedProcess(
+                list(self.plan.argv),
+                0,
+                name=f"agent-{host}.worker-{message.local_rank}",
+                pid=message.pid,
+                duration=message.duration,
+                stderr_tail=message.stderr,
+            )
             if len(self.values) == self.plan.world_size:
                 self.settled.set()
             return

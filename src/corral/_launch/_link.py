@@ -215,6 +215,7 @@ class WorkerExit(msgspec.Struct, tag="exit", array_like=True, frozen=True):
     pid: int
     returncode: int
     stderr: bytes
+    duration: float = 0.0  # seconds from spawn to exit
 
 
 class Stopping(msgspec.Struct, tag="stopping", array_like=True, frozen=True):

@@ -138,7 +138,8 @@ class HostWorkers:
     async def _report_exit(self, proc: WorkerProcess, local_rank: int, reporter: Reporter) -> None:
         code = await proc.wait()
         await reporter.exited(
-            self._host, _link.WorkerExit(local_rank, proc.pid, code, proc.stderr_tail)
+            self._host,
+            _link.WorkerExit(local_rank, proc.pid, code, proc.stderr_tail, proc.duration or 0.0),
         )
 
     async def _start(

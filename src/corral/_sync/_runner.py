@@ -183,7 +183,7 @@ class SyncRunner:
 
     def launch_command(
         self, argv: Sequence[str | os.PathLike[str]], **options: Unpack[LaunchOptions]
-    ) -> LaunchResult[int]:
+    ) -> LaunchResult[CompletedProcess]:
         """Run the command on every worker as :meth:`Runner.launch_command` does."""
         self._portal.note_grace(options.get("grace"))
         return self._portal.call(
