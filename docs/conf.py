@@ -93,5 +93,33 @@ def _constant_doc(
     lines[:] = []
 
 
+def _claim_sources() -> None:
+    """Read each public class's members in the order of its source, where its source is.
+
+    Public names say ``__module__ == "corral"`` (as Trio's and AnyIO's do);
+    autodoc reads a class's member order and ``#:`` comments from the module
+    its ``__module__`` names, so point it at the private module that holds the
+    source (the facade's own table of homes).  Without this hook (another
+    Sphinx), members are listed alphabetically: nothing else changes.
+    """
+    try:
+        from sphinx.ext.autodoc._property_types import _ItemProperties
+    except ImportError:
+        return
+    canonical = _ItemProperties.canonical_module_name
+
+    def home(self: Any) -> str:
+        parts = self.parts
+        if self._obj___module__ == "corral" and len(parts) == 1 and parts[0] in corral.__all__:
+            return f"corral.{corral._HOMES[parts[0]]}"
+        name: str = canonical.fget(self)  # type: ignore[attr-defined]
+        return name
+
+    _ItemProperties.canonical_module_name = property(home)  # type: ignore[assignment,method-assign]
+
+
+_claim_sources()
+
+
 def setup(app: Sphinx) -> None:
     app.connect("autodoc-process-docstring", _constant_doc)

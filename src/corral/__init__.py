@@ -18,6 +18,8 @@ process (which imports this package first) loads none of the launcher.
 from __future__ import annotations
 
 import importlib
+import sys
+import typing
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0.dev0"
@@ -101,8 +103,33 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module 'corral' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"corral.{home}"), name)
+    _claim_loaded()
     globals()[name] = value
     return value
+
+
+def _claim_loaded() -> None:
+    """Make each public class and function that is loaded say it is ``corral``'s.
+
+    As Trio and AnyIO do: tracebacks print ``corral.ProcessFailed``, reprs and
+    pickles name ``corral.X`` (which the lazy loading resolves), whatever
+    private module defines it.  String annotations are resolved first, in
+    their own module, so that :func:`typing.get_type_hints` still works.
+    """
+    for name, home in _HOMES.items():
+        module = sys.modules.get(f"corral.{home}")
+        value = getattr(module, name, None)
+        if not isinstance(value, type) and not callable(value):
+            continue
+        if getattr(value, "__module__", None) != f"corral.{home}":
+            continue  # claimed already, or not corral's own
+        if isinstance(value, type) and "__annotations__" in vars(value):
+            try:
+                hints = typing.get_type_hints(value, include_extras=True)
+                value.__annotations__ = {k: hints[k] for k in vars(value)["__annotations__"]}
+            except Exception:  # a name only a type checker sees: leave it as it is
+                pass
+        value.__module__ = "corral"
 
 
 def __dir__() -> list[str]:
