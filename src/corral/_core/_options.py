@@ -52,7 +52,7 @@ class StartOptions(TypedDict, total=False):
 
     Every key is optional; :meth:`Runner.start` says what each means.  (Its
     defaults are those of corral's own ``ProcessOptions``, which
-    ``tests/test_options.py`` keeps in step with it.)
+    ``tests/core/test_options.py`` keeps in step with it.)
     """
 
     name: str | None

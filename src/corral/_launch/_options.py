@@ -33,7 +33,7 @@ class LaunchOptions(TypedDict, total=False):
     (``**options: Unpack[corral.LaunchOptions]``), as :class:`StartOptions`
     is for :meth:`Runner.start`.  Every key is optional;
     :meth:`Runner.launch` says what each means.  (Its defaults are those of
-    corral's own ``LaunchSpec``, which ``tests/test_options.py`` keeps in
+    corral's own ``LaunchSpec``, which ``tests/core/test_options.py`` keeps in
     step with it.)
     """
 

@@ -201,7 +201,7 @@ def is_asyncio_main_task() -> bool:
     abandon the loop mid-step, so corral raises it bare only from that one.
     asyncio has no public way to tell: the task's done callbacks are private.
     This is the one place corral relies on a private detail (AnyIO does the
-    same to find its root task); ``tests/test_backend.py`` fails loudly if
+    same to find its root task); ``tests/core/test_backend.py`` fails loudly if
     it stops working.  If it ever returns ``False`` wrongly, the interrupt
     is raised inside a :class:`BaseExceptionGroup`, which is safe.
     """

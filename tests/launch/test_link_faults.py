@@ -1,0 +1,665 @@
+"""The launch link under faults: partitions, strangers, silent hosts, Ctrl-C at any moment.
+
+Real parts only: agents reached with ``ssh`` through ``sshd`` in network namespaces (the
+``ssh_hosts`` fixture), a cable pulled with :meth:`_hosts.SshHost.cut` (every packet of one host
+dropped silently), strangers that dial the launcher's listener from inside a host, and
+launchers in subprocesses that get a real SIGINT.  Workers carry a tag in their environment
+(``extra_env={TAG_VAR: tag}``), and the ``tag`` fixture fails a test that leaves one running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import cloudpickle
+import pytest
+from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
+
+import corral
+from corral._launch._link import HELLO_TIMEOUT, MAX_LINK_FRAME, MAX_PENDING_HELLOS, Link, LinkLost
+
+if TYPE_CHECKING:
+    from tests.helpers import hosts as _hosts
+
+pytest_plugins = ["tests.helpers.hosts"]
+
+# The workers' functions travel by value: the workers cannot import this module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: The link deadline of the tests that cut a link: short, to keep them short.
+LINK_TIMEOUT = 1.5
+#: What a bound on a latency allows on top of the figure it checks, on a loaded machine.
+SLACK = 1.5
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+class Lines(ListHandler):
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def stdout(self, prefix: str) -> list[str]:
+        with self._changed:
+            return [
+                r.getMessage()
+                for r in self.records
+                if getattr(r, "corral_stream", None) == "stdout"
+                and r.getMessage().startswith(prefix)
+            ]
+
+    def of(self, source: str, stream: str) -> list[str]:
+        with self._changed:
+            return [
+                r.getMessage()
+                for r in self.records
+                if getattr(r, "corral_source", None) == source
+                and getattr(r, "corral_stream", None) == stream
+            ]
+
+    async def until(self, prefix: str, count: int, timeout: float = 30.0) -> list[str]:
+        if not await self.wait_for(lambda: len(self.stdout(prefix)) >= count, timeout):
+            raise AssertionError(f"{count} lines {prefix!r} did not come: {self.messages()}")
+        return self.stdout(prefix)
+
+
+def ssh_for(hosts: _hosts.SshHosts, **more: Any) -> corral.SSH:
+    more.setdefault("options", hosts.ssh_options)
+    return corral.SSH(user=hosts.user, identity_file=hosts.identity_file, **more)
+
+
+def ssh_config(hosts: _hosts.SshHosts) -> dict[str, Any]:
+    """:func:`ssh_for`'s arguments, for a launcher in a subprocess."""
+    return {
+        "user": hosts.user,
+        "identity_file": str(hosts.identity_file),
+        "options": hosts.ssh_options,
+    }
+
+
+def unwrapped(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def up_with_pid() -> None:
+    print(f"up {os.getpid()} {os.environ['GROUP_RANK']}", flush=True)
+    time.sleep(1000)
+
+
+def pids_on(lines: list[str], group: int) -> list[int]:
+    """The pids of the workers of host ``group``, from their "up PID GROUP" lines."""
+    return [int(words[1]) for words in map(str.split, lines) if int(words[2]) == group]
+
+
+# -- 1. the link has a deadline -------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_partition_stops_the_hosts_workers_and_fails_the_launch(
+    ssh_hosts: _hosts.SshHosts, tag: str
+) -> None:
+    """Host 0's cable is pulled mid-run: nobody is told, both ends must notice by themselves.
+
+    Within the link deadline (and a little), the launcher raises LaunchError naming the host,
+    having stopped the other host's workers, and host 0's agent stops its own workers although
+    no packet from the launcher can reach it.
+    """
+    logs = Lines()
+    host = ssh_hosts.hosts[0]
+    outcome: dict[str, Any] = {}
+
+    async def pull_the_cable(r: corral.Runner, cut: contextlib.ExitStack) -> None:
+        ups = await logs.until("up ", 4)
+        on_host_0 = pids_on(ups, 0)
+        assert len(on_host_0) == 2
+        cut.enter_context(host.cut())
+        outcome["cut"] = time.monotonic()
+        outcome["left"] = await anyio.to_thread.run_sync(
+            wait_gone, on_host_0, LINK_TIMEOUT + 2 * SLACK
+        )
+        outcome["gone"] = time.monotonic()
+
+    with contextlib.ExitStack() as cut:
+        async with (
+            corral.open_runner(name="pt", console=False, handlers=[logs]) as r,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(pull_the_cable, r, cut)
+            with anyio.fail_after(LINK_TIMEOUT + 20):
+                try:
+                    await r.launch(
+                        up_with_pid,
+                        hosts=ssh_hosts.addresses,
+                        workers_per_host=2,
+                        ssh=ssh_for(ssh_hosts),
+                        extra_env={TAG_VAR: tag},
+                        link_timeout=LINK_TIMEOUT,
+                    )
+                except corral.CorralError as exc:
+                    outcome["raised"] = time.monotonic()
+                    outcome["error"] = exc
+        # The cable stays out until the host's workers are gone: the agent noticed on its own.
+    assert outcome["left"] == [], "host 0's workers outlived the cut by the link deadline"
+    assert outcome["gone"] - outcome["cut"] < LINK_TIMEOUT + SLACK, outcome
+    error = outcome.get("error")
+    assert isinstance(error, corral.LaunchError), repr(error)
+    assert host.address in str(error), str(error)
+    assert "link" in str(error), str(error)
+    assert outcome["raised"] - outcome["cut"] < LINK_TIMEOUT + SLACK, outcome
+    assert tagged_pids(tag) == []
+
+
+class Launcher:
+    """A launcher in a subprocess, its stdout and stderr drained by threads and kept."""
+
+    def __init__(self, script: str, cfg: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, json.dumps(cfg)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._threads = [
+            threading.Thread(target=self._drain, args=(stream,), daemon=True)
+            for stream in (self.proc.stdout, self.proc.stderr)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _drain(self, stream: Any) -> None:
+        with stream:
+            for line in stream:
+                with self._changed:
+                    self.lines.append(line.rstrip("\n"))
+                    self._changed.notify_all()
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 30.0) -> list[str]:
+        """The lines matching ``pattern``, once there are ``count`` of them."""
+        regex = re.compile(pattern)
+
+        def found() -> list[str]:
+            return [line for line in self.lines if regex.search(line)]
+
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(found()) >= count, timeout):
+                raise AssertionError(f"{count} lines /{pattern}/ did not come: {self.text()}")
+            return found()
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def interrupt(self) -> float:
+        """SIGINT the launcher; the seconds it took to exit (or fail after 30 s)."""
+        self.proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the launcher ignored SIGINT for 30 s: {self.text()}") from None
+        return time.monotonic() - sent
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for thread in self._threads:
+            thread.join(5)
+
+
+@contextlib.contextmanager
+def launcher(script: str, cfg: dict[str, Any]) -> Iterator[Launcher]:
+    started = Launcher(script, cfg)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+#: A launcher like the ``corral`` command's: it takes the signals (handle_signals=True), and
+#: its workers ignore SIGTERM, so that only SIGKILL at the grace deadline stops them.
+STUBBORN_LAUNCHER = r"""
+import json, os, signal, sys, time, anyio, corral
+
+cfg = json.loads(sys.argv[1])
+
+def stubborn():  # in __main__: goes by value
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
+    time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="st", handle_signals=True, grace=cfg["grace"]) as r:
+        print("launching", flush=True)
+        await r.launch(
+            stubborn, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
+            ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
+            link_timeout=cfg["link_timeout"],
+        )
+
+try:
+    anyio.run(main, backend=cfg["backend"])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def stubborn_cfg(ssh_hosts: _hosts.SshHosts, tag: str, backend: str, **more: Any) -> dict[str, Any]:
+    cfg = {
+        "hosts": ssh_hosts.addresses,
+        "workers": 2,
+        "ssh": ssh_config(ssh_hosts),
+        "tag_var": TAG_VAR,
+        "tag": tag,
+        "backend": backend,
+        "grace": 0.5,
+        "link_timeout": 5.0,
+    }
+    cfg.update(more)
+    return cfg
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_ctrl_c_during_a_partition_exits_within_grace(
+    ssh_hosts: _hosts.SshHosts, tag: str, backend: str
+) -> None:
+    """Ctrl-C with one host cut off: out within grace + 1 s; that host's agent cleans up."""
+    link_timeout = 3.0  # longer than grace + 1 s: the deadline must not be what saves us
+    cfg = stubborn_cfg(ssh_hosts, tag, backend, link_timeout=link_timeout)
+    host = ssh_hosts.hosts[0]
+    with launcher(STUBBORN_LAUNCHER, cfg) as run:
+        ups = [line.split("| ")[-1] for line in run.wait_for(r"\| up \d+ \d$", 4)]
+        on_host_0 = pids_on(ups, 0)
+        with host.cut():
+            cut = time.monotonic()
+            took = run.interrupt()
+            assert took < cfg["grace"] + 1.0, f"Ctrl-C took {took:.2f} s: {run.text()}"
+            assert "interrupted" in run.lines, run.text()
+            # The workers on the other side of the cut: their agent stops them by itself.
+            left = wait_gone(on_host_0, link_timeout + SLACK - (time.monotonic() - cut))
+            assert left == [], f"host 0's workers {left} outlived the link deadline"
+    assert tagged_pids(tag) == []
+
+
+# -- 2. nothing unauthenticated costs memory ------------------------------------------------
+
+#: Peers of each kind that dial the launcher before the real agent does.
+PEERS = 50
+#: What each flooding peer tries to push after announcing a 1 GiB frame.
+FLOOD_BYTES = 8 << 20
+
+#: A "Python" for the remote host that, before it runs the real agent, sets 2 x PEERS
+#: strangers on the launcher's listener (which it knows from the agent's configuration):
+#: PEERS announce a 1 GiB first frame and push FLOOD_BYTES as fast as they can, PEERS announce
+#: a small frame and then trickle a byte every 50 ms.  Meanwhile it samples the launcher's
+#: RSS, and it reports on stderr, as one JSON line, the RSS growth and how long the launcher
+#: kept each trickler.
+STRANGERS_THEN_AGENT = r"""#!{python}
+import base64, json, os, socket, sys, threading, time
+
+if sys.argv[1:] != ["-m", "corral._agent"]:  # the agent's workers: the real thing
+    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+raw = sys.stdin.buffer.readline()
+cfg = json.loads(base64.b64decode(raw))
+address = (cfg["address"], cfg["port"])
+
+def rss():
+    with open("/proc/{launcher}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+
+base = rss()
+flood_sent, trickle_held = [], []
+
+def flood():
+    sent = 0
+    try:
+        with socket.create_connection(address, timeout=20) as s:
+            s.sendall((1 << 30).to_bytes(4, "big"))
+            chunk = bytes(65536)
+            while sent < {flood}:
+                s.sendall(chunk)
+                sent += len(chunk)
+    except OSError:
+        pass
+    flood_sent.append(sent)
+
+def trickle():
+    with socket.create_connection(address, timeout=20) as s:
+        s.sendall((1000).to_bytes(4, "big"))
+        started = time.monotonic()
+        s.settimeout(0.05)
+        try:
+            while time.monotonic() - started < 15:
+                try:
+                    if s.recv(1) == b"":
+                        break  # closed by the launcher
+                except socket.timeout:
+                    s.send(b"\x00")
+        except OSError:
+            pass
+        trickle_held.append(time.monotonic() - started)
+
+threads = [threading.Thread(target=f) for f in [flood] * {peers} + [trickle] * {peers}]
+for t in threads:
+    t.start()
+peak = base
+while any(t.is_alive() for t in threads):
+    peak = max(peak, rss())
+    threads[0].join(0.005)
+for t in threads:
+    t.join()
+peak = max(peak, rss())
+print(json.dumps({{"growth_kib": peak - base, "flood_sent": flood_sent,
+                  "trickle_held": trickle_held}}), file=sys.stderr, flush=True)
+os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_strangers_on_the_launch_listener_cost_no_memory(
+    ssh_hosts: _hosts.SshHosts, tag: str, tmp_path: Path
+) -> None:
+    """Before the secret is checked, a peer may send only a small hello, and only quickly."""
+    python = tmp_path / "python"
+    python.write_text(
+        STRANGERS_THEN_AGENT.format(
+            python=sys.executable, launcher=os.getpid(), flood=FLOOD_BYTES, peers=PEERS
+        )
+    )
+    python.chmod(0o755)
+    logs = Lines()
+    async with corral.open_runner(name="mem", console=False, handlers=[logs]) as r:
+        results = await r.launch(
+            os.getpid,
+            hosts=ssh_hosts.addresses[:1],
+            ssh=ssh_for(ssh_hosts, python=str(python)),
+            extra_env={TAG_VAR: tag},
+        )
+    assert len(results) == 1  # and the real agent was heard after all that
+    (said,) = logs.of("mem.agent-0.ssh", "stderr")
+    report = json.loads(said)
+    assert len(report["flood_sent"]) == PEERS and len(report["trickle_held"]) == PEERS, report
+    assert report["growth_kib"] < 8 * 1024, f"the launcher grew by {report['growth_kib']} KiB"
+    # A hello announcing 1 GiB is refused as soon as its length is read.
+    assert max(report["flood_sent"]) < FLOOD_BYTES, report["flood_sent"]
+    # One that never completes is closed at the hello deadline.
+    held = max(report["trickle_held"])
+    assert held < HELLO_TIMEOUT + SLACK, f"a trickling stranger was kept {held:.1f} s"
+
+
+#: Peers that connect to the launch listener and say nothing, before the real agent dials.
+SILENT_PEERS = 200
+
+#: A "Python" for the remote host that, before it runs the real agent, opens SILENT_PEERS
+#: connections to the launcher's listener and says nothing on them; it reports on stderr, as
+#: one JSON line, how many the launcher closed within 3 s (well before the hello deadline),
+#: then runs the agent, which inherits the connections still open: strangers that still wait
+#: for their hello when the agent dials.
+SILENT_THEN_AGENT = r"""#!{python}
+import base64, json, os, select, socket, sys, time
+
+if sys.argv[1:] != ["-m", "corral._agent"]:  # the agent's workers: the real thing
+    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+raw = sys.stdin.buffer.readline()
+cfg = json.loads(base64.b64decode(raw))
+address = (cfg["address"], cfg["port"])
+peers = [socket.create_connection(address, timeout=10) for _ in range({peers})]
+began = time.monotonic()
+open_ = set(peers)
+while len(open_) > {wait} and time.monotonic() - began < 3:
+    ready, _, _ = select.select(list(open_), [], [], 0.1)
+    for peer in ready:  # readable: closed by the launcher (EOF or a reset)
+        try:
+            gone = peer.recv(1) == b""
+        except OSError:
+            gone = True
+        if gone:
+            open_.discard(peer)
+print(json.dumps({{"closed": {peers} - len(open_), "after": time.monotonic() - began}}),
+      file=sys.stderr, flush=True)
+for peer in open_:
+    peer.set_inheritable(True)  # still waiting while the agent dials
+os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_silent_strangers_wait_for_their_hello_at_most_64_at_a_time(
+    ssh_hosts: _hosts.SshHosts, tag: str, tmp_path: Path
+) -> None:
+    """Of the connections waiting for their hello, the oldest goes when the 65th comes."""
+    python = tmp_path / "python"
+    python.write_text(
+        SILENT_THEN_AGENT.format(python=sys.executable, peers=SILENT_PEERS, wait=MAX_PENDING_HELLOS)
+    )
+    python.chmod(0o755)
+    logs = Lines()
+    async with corral.open_runner(name="silent", console=False, handlers=[logs]) as r:
+        results = await r.launch(
+            os.getpid,
+            hosts=ssh_hosts.addresses[:1],
+            ssh=ssh_for(ssh_hosts, python=str(python)),
+            extra_env={TAG_VAR: tag},
+        )
+    assert len(results) == 1  # the real agent got in, past the strangers still waiting
+    (said,) = logs.of("silent.agent-0.ssh", "stderr")
+    report = json.loads(said)
+    # All but 64 closed long before the hello deadline (which would close them all).
+    assert report["closed"] == SILENT_PEERS - MAX_PENDING_HELLOS, report
+    assert report["after"] < HELLO_TIMEOUT - 1, report
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(20)
+async def test_a_frame_over_the_link_limit_loses_the_link_before_its_payload() -> None:
+    """After the hello a frame may be 1 GiB (MAX_LINK_FRAME); a longer one ends the link as
+    soon as its length is read, before any of its payload is waited for or held."""
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
+        (listener,) = listeners.listeners
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with (
+            await anyio.connect_tcp("127.0.0.1", port) as peer,
+            await listener.accept() as ours,
+        ):
+            link = Link(ours, timeout=10)
+            await peer.send((MAX_LINK_FRAME + 1).to_bytes(4, "big") + b"x" * 1000)
+            with anyio.fail_after(5), pytest.raises(LinkLost, match="bad frame"):
+                await link.receive()
+            assert link._decoder.buffered == 0
+
+
+# -- 3. every launch failure is a LaunchError, in time --------------------------------------
+
+
+async def launch_error(
+    hosts: list[str], ssh: corral.SSH, tag: str, start_timeout: float, **more: Any
+) -> tuple[BaseException, float]:
+    async with corral.open_runner(name="lf", console=False) as r:
+        started = time.monotonic()
+        try:
+            await r.launch(
+                up_with_pid,
+                hosts=hosts,
+                ssh=ssh,
+                extra_env={TAG_VAR: tag},
+                start_timeout=start_timeout,
+                **more,
+            )
+        except BaseException as exc:
+            return exc, time.monotonic() - started
+    raise AssertionError("launch succeeded on a host that cannot start an agent")
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_host_that_accepts_and_never_speaks_is_launch_error(tag: str) -> None:
+    """An "sshd" that accepts the connection and says nothing: LaunchError at start_timeout."""
+    start_timeout = 2.0
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
+        (listener,) = listeners.listeners
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        held: list[anyio.abc.SocketStream] = []
+        async with anyio.create_task_group() as tg:
+
+            async def accept_and_hold() -> None:
+                while True:
+                    held.append(await listener.accept())
+
+            tg.start_soon(accept_and_hold)
+            ssh = corral.SSH(
+                port=port,
+                options=("-F", "/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"),
+            )
+            exc, took = await launch_error(
+                ["127.0.0.1"], ssh, tag, start_timeout, launcher_address="127.0.0.1"
+            )
+            tg.cancel_scope.cancel()
+        for stream in held:
+            await stream.aclose()
+    assert held, "ssh never connected"
+    assert isinstance(exc, corral.LaunchError), repr(exc)
+    assert "127.0.0.1" in str(exc), str(exc)
+    assert took < start_timeout + 1.0, f"took {took:.2f} s"
+
+
+#: A "Python" for a remote host that misbehaves in the middle of the agent's start, as
+#: ``{how}`` says, and then lives on until its stdin closes (the ssh session ends).
+STALLING_AGENT = r"""#!{python}
+import base64, json, os, socket, subprocess, sys
+from corral._launch import _link
+
+raw = sys.stdin.buffer.readline()
+cfg = json.loads(base64.b64decode(raw))
+with open({pidfile!r}, "w") as f:
+    f.write(str(os.getpid()))
+how = {how!r}
+if how == "cable-pulled":  # the host's packets vanish from now on: a half-open link
+    subprocess.run(["tc", "qdisc", "add", "dev", "eth0", "root", "blackhole"], check=True)
+    os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
+    os.execv({python!r}, [{python!r}, "-m", "corral._agent"])  # the real agent, cut off
+s = socket.create_connection((cfg["address"], cfg["port"]))
+hello = _link.encode(_link.AgentHello(_link.LINK_VERSION, cfg["secret"], cfg["index"], "h", 1))
+if how == "half-hello":
+    s.sendall(hello[: len(hello) // 2])
+elif how == "hello-only":
+    s.sendall(hello)  # authenticated, and then nothing: never Ready
+sys.stdin.buffer.read()
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("how", ["silent", "half-hello", "hello-only", "cable-pulled"])
+async def test_an_agent_that_stalls_mid_start_is_launch_error(
+    ssh_hosts: _hosts.SshHosts, tag: str, tmp_path: Path, how: str
+) -> None:
+    """Whatever the moment the start-up stalls at: LaunchError naming the host, in time."""
+    start_timeout = 2.0
+    host = ssh_hosts.hosts[0]
+    pidfile = tmp_path / "agent.pid"
+    python = tmp_path / "python"
+    python.write_text(STALLING_AGENT.format(python=sys.executable, pidfile=str(pidfile), how=how))
+    python.chmod(0o755)
+    try:
+        exc, took = await launch_error(
+            [host.address],
+            ssh_for(ssh_hosts, python=str(python)),
+            tag,
+            start_timeout,
+            link_timeout=LINK_TIMEOUT,
+        )
+    finally:
+        host.restore()
+    inner = unwrapped(exc)
+    assert isinstance(inner, corral.LaunchError), repr(exc)
+    assert isinstance(exc, corral.LaunchError), repr(exc)
+    assert host.address in str(exc), str(exc)
+    assert took < start_timeout + 1.0, f"took {took:.2f} s: {exc}"
+    # Whatever ran on the host is gone too, once it could notice (the real agent, cut off,
+    # gives up dialing back at its own start_timeout).
+    left = await anyio.to_thread.run_sync(
+        wait_gone, [int(pidfile.read_text())], start_timeout + SLACK
+    )
+    assert left == [], f"the remote {how} agent outlived the launch"
+
+
+# -- 4. stops reach every host, at any moment -----------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_ctrl_c_waits_for_remote_workers_that_ignore_sigterm(
+    ssh_hosts: _hosts.SshHosts, tag: str, backend: str
+) -> None:
+    """handle_signals=True, SIGTERM ignored remotely: out in grace + 1 s, and not before them."""
+    cfg = stubborn_cfg(ssh_hosts, tag, backend)
+    with launcher(STUBBORN_LAUNCHER, cfg) as run:
+        run.wait_for(r"\| up \d+ \d$", 4)
+        assert len(tagged_pids(tag)) == 4
+        took = run.interrupt()
+        left = tagged_pids(tag)  # at once: the launcher must not have left before them
+        assert left == [], f"the launcher exited with remote workers {left} still alive"
+        assert took < cfg["grace"] + 1.0, f"Ctrl-C took {took:.2f} s: {run.text()}"
+        assert "interrupted" in run.lines, run.text()
+
+
+#: Moments of a Ctrl-C, in seconds after the launcher said it is launching: from before
+#: the ssh clients start to after the workers are up.
+MOMENTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_ctrl_c_at_any_moment_of_a_launch(
+    ssh_hosts: _hosts.SshHosts, tag: str, backend: str, moment: float
+) -> None:
+    """A sweep of Ctrl-C moments: each one out within grace + 1 s, and no worker left."""
+    cfg = stubborn_cfg(ssh_hosts, tag, backend, workers=1)
+    with launcher(STUBBORN_LAUNCHER, cfg) as run:
+        run.wait_for("^launching$")
+        time.sleep(moment)  # the moment is what is tested, not a wait for something
+        took = run.interrupt()
+        left = tagged_pids(tag)
+        assert left == [], f"the launcher exited with remote workers {left} still alive"
+        assert took < cfg["grace"] + 1.0, f"Ctrl-C took {took:.2f} s: {run.text()}"
+        assert run.proc.returncode == 130, run.text()
+
+
+def test_link_timeout_is_checked() -> None:
+    async def main() -> None:
+        async with corral.open_runner(console=False) as r:
+            for bad in (0, -1, float("nan"), float("inf")):
+                with pytest.raises(ValueError, match="link_timeout"):
+                    await r.launch(functools.partial(print), hosts=["h"], link_timeout=bad)
+
+    anyio.run(main)

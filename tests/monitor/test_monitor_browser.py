@@ -1,0 +1,320 @@
+"""The monitor's page in a real browser: Debian's Chromium, driven by Playwright.
+
+Playwright's own browser downloads are never used (``playwright install`` is not
+run anywhere): the tests launch ``/usr/bin/chromium`` (the ``chromium`` package of
+.ci/apt-packages.txt) with a fresh profile.  The first test opens the page of a runner
+in another process (the launcher of tests/monitor/test_monitor.py) on each backend and saves the
+screenshot that docs/howto/monitor.rst shows (copied there when
+``CORRAL_UPDATE_SCREENSHOT`` is set); the second scripts the WebSocket itself
+(Playwright's ``route_web_socket``) to check what the page does with any message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import BrowserContext, Page, Route, WebSocketRoute, sync_playwright
+from tests.helpers.processes import TAG_VAR
+from tests.monitor.test_monitor import ROOT, launcher
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOT = ROOT / "docs" / "_static" / "monitor.png"
+PAGE = ROOT / "src" / "corral" / "_monitor" / "page.html"
+
+# Colours of the page's palette (as the console's: cyan, yellow, green, ...).
+YELLOW = "rgb(229, 229, 16)"
+RED = "rgb(241, 76, 76)"
+
+
+@contextmanager
+def chromium(tmp_path: Path) -> Iterator[BrowserContext]:
+    """A headless Chromium with a fresh profile, 1100x700."""
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1100, "height": 700},
+        )
+        context.set_default_timeout(10_000)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+def rows(page: Page) -> list[dict[str, Any]]:
+    """The log rows on the page: source, level and text of each."""
+    result: list[dict[str, Any]] = page.eval_on_selector_all(
+        "#log .row",
+        """rows => rows.map(row => ({
+            source: row.dataset.source || null,
+            level: row.dataset.level ? Number(row.dataset.level) : null,
+            notice: row.classList.contains("notice"),
+            text: row.textContent,
+        }))""",
+    )
+    return result
+
+
+def colour_of(page: Page, selector: str) -> str:
+    result: str = page.eval_on_selector(selector, "e => getComputedStyle(e).color")
+    return result
+
+
+# Leaks: Playwright runs its driver (a node process, a child of the test process, which
+# starts Chromium) and a thread or two; all are gone once ``sync_playwright()`` has
+# exited, so the leak check finds nothing and these tests need no exemption.
+
+
+@pytest.mark.timeout(60)
+def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> None:
+    with launcher(tmp_path, anyio_backend) as runner, chromium(tmp_path) as browser:
+        pids = {}
+        for name in ("web", "worker", "scheduler"):
+            pids[name] = int(runner.command("start", name).split()[2])
+        runner.command("say", "web", "out listening on http://127.0.0.1:8080")
+        runner.command("say", "scheduler", "log INFO next run of 'reindex' in 30 s")
+        page = browser.new_page()
+        page.goto(runner.url)
+        page.wait_for_selector("#status.live")
+
+        # Every process is in the table, running, with its pid.
+        page.wait_for_function(
+            "() => document.querySelectorAll('#processes tbody tr').length === 3"
+        )
+        table = page.eval_on_selector_all(
+            "#processes tbody tr",
+            "trs => trs.map(tr => [tr.dataset.name, tr.dataset.state, "
+            "tr.querySelector('td.pid').textContent])",
+        )
+        assert table == [[name, "running", str(pid)] for name, pid in pids.items()]
+        assert page.text_content("#runner") == "demo"
+
+        # What was said before the page came, and what a child prints after it loaded.
+        page.wait_for_selector('#log .row:has-text("listening on http://127.0.0.1:8080")')
+        for name, line in [
+            ("web", "out GET /health 200 0.4 ms"),
+            ("worker", "log INFO processed job 17 in 0.21 s"),
+            ("worker", "log WARNING job 18 retried: upstream timed out"),
+            ("web", "out POST /orders 201 12.9 ms"),
+            ("worker", "log ERROR job 19 failed: upstream returned 502"),
+            ("web", "err slow request: GET /report took 2.4 s"),
+            ("scheduler", "log INFO ran 'reindex': 1204 documents"),
+            ("web", "out <b>not bold</b> <img src=x onerror=alert(1)>"),
+            ("worker", "out printed after the page loaded"),
+        ]:
+            runner.command("say", name, line)
+        page.wait_for_selector('#log .row:has-text("printed after the page loaded")')
+        # Text from the runner is text, never markup.
+        page.wait_for_selector('#log .row:has-text("<b>not bold</b>")')
+        assert page.locator("#log img, #log b").count() == 0
+
+        # Coloured as the console: warnings yellow, errors red, a colour per source.
+        assert colour_of(page, '#log .row.warning:has-text("job 18") .msg') == YELLOW
+        assert colour_of(page, '#log .row.error:has-text("job 19") .msg') == RED
+        source_colours = {
+            name: colour_of(page, f'#log .row[data-source="demo.{name}"] .source')
+            for name in ("web", "worker", "scheduler")
+        }
+        assert len(set(source_colours.values())) == 3, source_colours
+
+        # The source filter: only that source's rows remain.
+        page.select_option("#source-filter", "demo.worker")
+        shown = rows(page)
+        assert shown and {row["source"] for row in shown} == {"demo.worker"}
+        assert any("printed after the page loaded" in row["text"] for row in shown)
+        # The level filter, on top of it.
+        page.select_option("#level-filter", "30")
+        assert [row["level"] for row in rows(page)] == [30, 40]
+        page.select_option("#source-filter", "*")
+        page.select_option("#level-filter", "20")
+        assert {row["source"] for row in rows(page)} == {
+            "demo",
+            "demo.web",
+            "demo.worker",
+            "demo.scheduler",
+        }
+
+        page.locator("#log").evaluate("log => { log.scrollTop = log.scrollHeight; }")
+        screenshot = tmp_path / "monitor.png"
+        page.screenshot(path=str(screenshot))
+        assert screenshot.stat().st_size > 10_000
+        if os.environ.get("CORRAL_UPDATE_SCREENSHOT") and anyio_backend == "asyncio":
+            # The picture in the docs, made this way on demand:
+            # CORRAL_UPDATE_SCREENSHOT=1 pytest tests/monitor/test_monitor_browser.py
+            shutil.copyfile(screenshot, SCREENSHOT)
+
+        # The runner ends: the page says so, and shows how each process ended.
+        runner.end_input()
+        page.wait_for_selector("#status.ended")
+        assert page.text_content("#status") == "ended"
+        assert page.is_visible("#ended-banner")
+        states = page.eval_on_selector_all(
+            "#processes tbody tr", "trs => trs.map(tr => [tr.dataset.name, tr.dataset.state])"
+        )
+        assert dict(states) == {"web": "exited", "worker": "exited", "scheduler": "exited"}
+        assert runner.finish() == 0
+
+
+@pytest.mark.timeout(60)
+def test_the_page_says_so_when_the_runner_is_gone(tmp_path: Path, tag: str) -> None:
+    """Killed, a runner sends no "end": the page sees its monitor go and says it ended."""
+    env = {**os.environ, TAG_VAR: tag}  # the tag fixture checks that no child outlives it
+    with launcher(tmp_path, "asyncio", env=env) as runner, chromium(tmp_path) as browser:
+        runner.command("start", "web")
+        page = browser.new_page()
+        page.goto(runner.url)
+        page.wait_for_selector('#processes tr[data-name="web"][data-state="running"]')
+        runner.proc.send_signal(signal.SIGKILL)
+        runner.proc.wait()
+        page.wait_for_selector("#status.closed")
+        assert page.text_content("#status") == "ended (connection closed)"
+        assert page.is_visible("#ended-banner")
+
+
+# -- the page's logic, with a scripted server --------------------------------------------------
+
+
+class Server:
+    """The monitor's side of the page's WebSocket, played by the test."""
+
+    def __init__(self) -> None:
+        self.connections: list[WebSocketRoute] = []
+        self.received: list[Any] = []
+
+    def accept(self, socket: WebSocketRoute) -> None:
+        self.connections.append(socket)
+        socket.on_message(lambda message: self.received.append(json.loads(message)))
+
+    def send(self, **message: Any) -> None:
+        self.connections[-1].send(json.dumps(message))
+
+
+def process(name: str, state: str = "running", code: int | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "source": f"demo.{name}",
+        "pid": 1000 + len(name),
+        "state": state,
+        "returncode": code,
+        "started": 1_700_000_000.0,
+        "restarts": 0,
+    }
+
+
+def record(n: int, source: str = "demo.web", level: int = 20) -> list[Any]:
+    return [source, "stdout", level, 1_700_000_000.0 + n / 1000, None, f"line {n}"]
+
+
+@pytest.mark.timeout(60)
+def test_the_page_keeps_its_promises(tmp_path: Path) -> None:
+    server = Server()
+    url = "http://monitor.test/?token=t0k3n"
+
+    def serve_page(route: Route) -> None:
+        route.fulfill(status=200, content_type="text/html; charset=utf-8", body=PAGE.read_text())
+
+    with chromium(tmp_path) as browser:
+        page = browser.new_page()
+        page.route("http://monitor.test/**", serve_page)
+        page.route_web_socket("ws://monitor.test/**", server.accept)
+        page.goto(url)
+        page.wait_for_selector("#status.live")
+        # It connected to the address it was loaded from, token and all.
+        assert [c.url for c in server.connections] == ["ws://monitor.test/?token=t0k3n"]
+
+        hello = {"v": 1, "runner": "demo", "log_path": "/var/log/demo/20261130-103300-demo"}
+        server.send(type="hello", **hello, processes=[process("web"), process("worker")])
+        page.wait_for_function(
+            "() => document.querySelectorAll('#processes tbody tr').length === 2"
+        )
+        assert page.text_content("#log-path") == hello["log_path"]
+
+        # The DOM stays bounded: the last 2,000 rows.
+        server.send(type="logs", records=[record(n) for n in range(2500)])
+        page.wait_for_selector('#log .row:last-child:has-text("line 2499")')
+        shown = rows(page)
+        assert len(shown) == 2000
+        assert shown[0]["text"].endswith("line 500")
+        # Following the tail: scrolled to the end.
+        at_end = "log => log.scrollHeight - log.scrollTop - log.clientHeight < 8"
+        assert page.locator("#log").evaluate(at_end)
+
+        # Told of dropped records: a notice in the log and a counter.
+        server.send(type="dropped", count=42)
+        page.wait_for_selector("#log .row.notice:has-text('dropped 42')")
+        assert page.text_content("#dropped") == "dropped 42"
+        assert page.is_visible("#dropped")
+
+        # Scrolled up by the user: new rows do not pull the view down.
+        page.locator("#log").evaluate("log => { log.scrollTop = 0; }")
+        page.wait_for_selector('#log[data-follow="false"]')
+        server.send(type="logs", records=[record(3000, "demo.worker", 30)])
+        page.wait_for_selector("#follow.shown")
+        assert page.locator("#log").evaluate("log => log.scrollTop") == 0
+        page.click("#follow")
+        page.wait_for_selector('#log[data-follow="true"]')
+        assert page.locator("#log").evaluate(at_end)
+
+        # Levels: warnings yellow, errors red; the level filter keeps what it should.
+        server.send(
+            type="logs",
+            records=[record(3001, "demo.worker", 40), record(3002, "demo.worker", 50)],
+        )
+        page.wait_for_selector('#log .row:has-text("line 3002")')
+        assert colour_of(page, '#log .row:has-text("line 3000") .msg') == YELLOW
+        assert colour_of(page, '#log .row:has-text("line 3001") .msg') == RED
+        page.select_option("#level-filter", "40")
+        assert [row["level"] for row in rows(page) if not row["notice"]] == [40, 50]
+
+        # A state change.
+        server.send(type="process", **process("worker", "failed", 3))
+        page.wait_for_selector('#processes tr[data-name="worker"][data-state="failed"]')
+        assert page.text_content('#processes tr[data-name="worker"] td.code') == "3"
+
+        # The connection drops while the runner lives: the page connects again, and
+        # what the monitor sends again on connecting is not shown twice.
+        page.select_option("#level-filter", "10")
+        before = len(rows(page))
+        server.connections[-1].close()
+        page.wait_for_selector('#status.live[data-connections="2"]')
+        assert len(server.connections) == 2
+        server.send(type="hello", **hello, processes=[process("web")])
+        server.send(type="logs", records=[record(n) for n in range(2990, 3003)] + [record(3003)])
+        page.wait_for_selector('#log .row:has-text("line 3003")')
+        assert len(rows(page)) == min(before + 1, 2000)
+        page.wait_for_function(
+            "() => document.querySelectorAll('#processes tbody tr').length === 1"
+        )
+
+        # The end: said clearly, and no more connections.
+        server.send(type="end")
+        page.wait_for_selector("#status.ended")
+        assert page.is_visible("#ended-banner")
+        server.connections[-1].close()
+        page.wait_for_selector('#status[data-closed="2"]')
+        # (Had it meant to reconnect, it would say so as the connection closed.)
+        assert page.text_content("#status") == "ended"
+        assert len(server.connections) == 2
+        # The page never talks back (filters are its own).
+        assert server.received == []

@@ -1,0 +1,98 @@
+"""The README's commands are the ones that run: CI runs its test command verbatim.
+
+README.md holds exactly two commands for a fresh machine, each in a code block
+between ``<!-- run-command -->`` / ``<!-- test-command -->`` markers and their
+closing ``<!-- /... -->``.  ``.ci/run`` ends with the test command, character for
+character; these tests keep the two from drifting apart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.helpers.processes import TAG_VAR
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CI_RUN = ROOT / ".ci" / "run"
+
+
+def marked_command(name: str) -> str:
+    """The one-line command in the code block between ``<!-- name -->`` markers."""
+    text = README.read_text()
+    blocks = re.findall(
+        rf"<!-- {name} -->\n```\w*\n(.*?)```\n<!-- /{name} -->", text, flags=re.DOTALL
+    )
+    assert len(blocks) == 1, f"README.md needs exactly one <!-- {name} --> block"
+    lines = blocks[0].splitlines()
+    assert len(lines) == 1, f"the {name} must be a single line, not {lines}"
+    return lines[0]
+
+
+def test_readme_has_exactly_two_commands() -> None:
+    markers = re.findall(r"<!-- ([\w-]+-command) -->", README.read_text())
+    assert markers == ["run-command", "test-command"]
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    lines = [line for line in CI_RUN.read_text().splitlines() if line.strip()]
+    assert lines[-1] == marked_command("test-command"), (
+        "the last line of .ci/run must be the README's test command, verbatim"
+    )
+
+
+def test_ci_script_is_strict_bash() -> None:
+    text = CI_RUN.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text
+    subprocess.run(["bash", "-n", str(CI_RUN)], check=True)
+
+
+def test_test_command_runs_every_check() -> None:
+    command = marked_command("test-command")
+    for check in (
+        "pip install -e '.[test,docs]'",
+        "ruff check .",
+        "ruff format --check .",
+        "mypy --strict src",
+        "vulture",
+        "sphinx-build -W --keep-going",
+        "python -m pytest",
+    ):
+        assert check in command
+
+
+def test_run_command_names_an_existing_example() -> None:
+    words = shlex.split(marked_command("run-command"))
+    scripts = [w for w in words if w.endswith(".py")]
+    assert scripts, "the run command runs no example"
+    for script in scripts:
+        assert (ROOT / script).is_file(), f"{script} does not exist"
+
+
+def readme_programs() -> list[str]:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    return [b for b in blocks if re.search(r"^anyio\.run\(", b, flags=re.MULTILINE)]
+
+
+@pytest.mark.parametrize("code", readme_programs())
+def test_readme_program_runs(code: str, tmp_path: Path, tag: str) -> None:
+    script = tmp_path / "readme_example.py"
+    script.write_text(code)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, TAG_VAR: tag},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=45,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "build exited with 0" in result.stdout
