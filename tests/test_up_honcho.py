@@ -116,6 +116,7 @@ PROCFILE_CASES = [
     ("worker:echo x\ntabsep:\techo y", {"worker": "echo x", "tabsep": "echo y"}),
     ('colon: echo "a:b:c http://x:80"', {"colon": 'echo "a:b:c http://x:80"'}),
     ("web: a\r\nworker: b\r\n", {"web": "a", "worker": "b"}),
+    ("dot.name: command", {"dot.name": "command"}),  # honcho skips it: corral runs it
 ]
 
 
@@ -303,3 +304,19 @@ def test_up_port_precedence_as_honcho(
         ]
     else:
         assert said == []
+
+
+def test_up_only_the_types_started_count_for_port(tmp_path: Path, tag: str) -> None:
+    (tmp_path / "Procfile").write_text(f"web: {DUMP}\nworker: {DUMP}\n")
+    (tmp_path / ".env").write_text("WAIT=1\n")
+    seen, _ = up(tmp_path, tag, "worker")
+    assert {name: env["PORT"] for name, env in seen.items()} == {"worker.1": "5000"}
+
+
+def test_up_concurrency_of_an_unknown_type_is_an_error(tmp_path: Path, tag: str) -> None:
+    """honcho ignores ``-c nosuch=2``; corral says so and starts nothing."""
+    (tmp_path / "Procfile").write_text("web: touch started\n")
+    out = corral("up", "-c", "nosuch=2", cwd=tmp_path, tag=tag)
+    assert out.returncode == 2
+    assert "no process named 'nosuch'" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert not (tmp_path / "started").exists()
