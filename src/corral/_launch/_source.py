@@ -36,8 +36,9 @@ _DYNAMIC = "<dynamic-code>"
 def restore_code(code: types.CodeType, filename: str, lines: dict[int, str]) -> types.CodeType:
     """``code`` under its own ``filename``; ``lines`` (number -> text) added to linecache."""
     if lines:
-        entry = linecache.cache.get(filename)
-        known = list(entry[2]) if entry is not None and len(entry) == 4 else []
+        # On top of what this host knows of the file (code of it imported here
+        # by reference keeps its own lines); the shipped lines win.
+        known = list(linecache.getlines(filename))
         known.extend([""] * (max(lines) - len(known)))
         for number, text in lines.items():
             known[number - 1] = text
