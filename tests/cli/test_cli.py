@@ -579,7 +579,7 @@ def test_fuzz_procfile_parsing(data: bytes) -> None:
     for name, command in processes.items():
         assert "\0" not in command and "\n" not in command
         # A name the runner takes for every copy (NAME.1 to NAME.MAX_COPIES).
-        assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name), name
+        assert re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name), name
         assert len(f"{name}.{_group.MAX_COPIES}") <= 100
 
 
@@ -1175,7 +1175,11 @@ echo "worker $PORT $GREETING"; exit 3
 """
 
 
-@pytest.mark.parametrize(("port_args", "base"), [([], 6000), (["-p", "7000"], 7000)])
+@pytest.mark.parametrize(
+    ("port_args", "base"),
+    [([], 6000), (["-p", "7000"], 6000)],
+    ids=["dotenv-port", "dotenv-port-beats-p-as-in-honcho"],
+)
 def test_up_env_port_and_concurrency(
     tmp_path: Path, tag: str, port_args: list[str], base: int
 ) -> None:

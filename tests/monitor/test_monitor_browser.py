@@ -155,6 +155,11 @@ def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> N
             "demo.scheduler",
         }
 
+        # A child's stderr is unmistakable; a narrow window shows the table whole.
+        assert_stderr_unmistakable(page, "slow request", "GET /health 200")
+        assert_fits(page, 400)
+        assert_fits(page, 1100)
+
         page.locator("#log").evaluate("log => { log.scrollTop = log.scrollHeight; }")
         screenshot = tmp_path / "monitor.png"
         page.screenshot(path=str(screenshot))
@@ -173,6 +178,8 @@ def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> N
             "#processes tbody tr", "trs => trs.map(tr => [tr.dataset.name, tr.dataset.state])"
         )
         assert dict(states) == {"web": "exited", "worker": "exited", "scheduler": "exited"}
+        # The banner did not push the last lines out of view.
+        assert page.locator("#log").evaluate(LAST_ROW_VISIBLE)
         assert runner.finish() == 0
 
 
@@ -318,3 +325,101 @@ def test_the_page_keeps_its_promises(tmp_path: Path) -> None:
         assert len(server.connections) == 2
         # The page never talks back (filters are its own).
         assert server.received == []
+
+
+# -- the page at its ends: the end, a narrow window, stderr ------------------------------------
+
+#: Whether the last row of the log is wholly inside the log's visible box.
+LAST_ROW_VISIBLE = """log => {
+    const row = log.lastElementChild, box = log.getBoundingClientRect();
+    const r = row.getBoundingClientRect();
+    return r.top >= box.top - 1 && r.bottom <= box.bottom + 1;
+}"""
+#: What sticks out of the page or the table sideways (0 when nothing does).
+OVERFLOW = """() => {
+    const doc = document.documentElement, box = document.querySelector("#processes-box");
+    const table = document.querySelector("#processes");
+    return {
+        page: doc.scrollWidth - doc.clientWidth,
+        box: box.scrollWidth - box.clientWidth,
+        table: table.getBoundingClientRect().right - doc.clientWidth,
+    };
+}"""
+
+
+def assert_stderr_unmistakable(page: Page, stderr_text: str, stdout_text: str) -> None:
+    """A stderr row has a label saying so, a coloured edge and a tinted background."""
+    err = page.locator(f'#log .row:has-text("{stderr_text}")')
+    out = page.locator(f'#log .row:has-text("{stdout_text}")')
+    assert err.locator(".stream-label").text_content() == "stderr"
+    assert err.locator(".stream-label").is_visible()
+    assert out.locator(".stream-label").count() == 0
+    style = (
+        "r => { const s = getComputedStyle(r);"
+        " return [s.borderLeftWidth, s.borderLeftColor, s.backgroundColor]; }"
+    )
+    err_edge, err_colour, err_background = err.evaluate(style)
+    _, _, out_background = out.evaluate(style)
+    assert float(err_edge.removesuffix("px")) >= 3 and err_colour == RED
+    assert err_background != out_background
+
+
+def assert_fits(page: Page, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 700})
+    sticks_out = page.evaluate(OVERFLOW)
+    assert all(v <= 0.5 for v in sticks_out.values()), sticks_out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ending", ["end", "connection-lost"])
+def test_the_page_at_its_ends(tmp_path: Path, ending: str) -> None:
+    server = Server()
+
+    def serve_page(route: Route) -> None:
+        route.fulfill(status=200, content_type="text/html; charset=utf-8", body=PAGE.read_text())
+
+    with chromium(tmp_path) as browser:
+        page = browser.new_page()
+        page.route("http://monitor.test/**", serve_page)
+        page.route_web_socket("ws://monitor.test/**", server.accept)
+        page.goto("http://monitor.test/?token=t")
+        page.wait_for_selector("#status.live")
+        long_names = [process(f"agent-{i}.worker-{i}-with-a-long-name") for i in range(3)]
+        server.send(
+            type="hello",
+            v=1,
+            runner="demo-runner-with-a-long-name",
+            log_path="/var/log/a/rather/long/folder/20261130-103300-demo-runner-with-a-long-name",
+            processes=[process("web"), *long_names],
+        )
+        err = ["demo.web", "stderr", 20, 1_700_000_001.0, None, "Traceback: the stderr line"]
+        records = [record(n) for n in range(200)] + [err, record(200)]
+        server.send(type="logs", records=records)
+        page.wait_for_selector('#log .row:last-child:has-text("line 200")')
+
+        # stderr is unmistakable: a label, a red edge, a tinted row.
+        assert_stderr_unmistakable(page, "the stderr line", "line 200")
+
+        # A 400 px wide window shows the table without overflow (and the page too).
+        assert_fits(page, 400)
+        assert page.is_visible('#processes tr[data-name="web"] td.state .badge')
+        assert_fits(page, 1100)
+
+        # The runner ends: the banner comes, and the last lines stay in view.
+        assert page.locator("#log").evaluate(LAST_ROW_VISIBLE)
+        if ending == "end":
+            server.send(type="logs", records=[record(201)])
+            server.send(type="end")
+            page.wait_for_selector("#status.ended")
+        else:
+            server.send(type="logs", records=[record(201)])
+            page.wait_for_selector('#log .row:last-child:has-text("line 201")')
+            page.route_web_socket("ws://monitor.test/**", lambda ws: ws.close())
+            server.connections[-1].close()
+            page.wait_for_selector("#status.closed")
+        page.wait_for_selector("#ended-banner", state="visible")
+        assert page.text_content("#log .row:last-child").endswith("line 201")
+        assert page.locator("#log").evaluate(LAST_ROW_VISIBLE)
+        # And still after the window narrows.
+        assert_fits(page, 400)
+        assert page.locator("#log").evaluate(LAST_ROW_VISIBLE)

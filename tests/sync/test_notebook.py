@@ -176,3 +176,36 @@ async def test_launch_in_a_notebook_cell_and_a_kernel_interrupt(kernel: Kernel, 
         # 3. The kernel is still usable.
         text, errors = await kernel.run("print(6 * 7)")
         assert not errors and text.strip() == "42"
+
+
+FAILING_CELL = """
+import corral
+def fails_in_a_cell(n):
+    doubled = n * 2
+    raise ValueError(f"the cell gave up at {{doubled}}")  # this line, in the worker's traceback
+try:
+    corral.launch(fails_in_a_cell, 5, workers_per_host=2, backend={backend!r},
+                  extra_env={{{tag_var!r}: {tag!r}}})
+except ValueError as exc:
+    print(exc.__cause__.text)
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_a_worker_traceback_shows_the_lines_of_the_cell(kernel: Kernel, tag: str) -> None:
+    """The function is defined in a cell: the worker's traceback quotes the cell, as IPython."""
+    for backend in BACKENDS:
+        values = {"backend": backend, "tag_var": TAG_VAR, "tag": tag}
+        text, errors = await kernel.run(FAILING_CELL.format(**values))
+        assert not errors, errors
+        assert "<dynamic-code>" not in text, text
+        frame = next(line for line in text.splitlines() if "in fails_in_a_cell" in line)
+        assert "ipykernel_" in frame, text  # the cell's name, as IPython gave it
+        quoted = text.splitlines()[text.splitlines().index(frame) + 1]
+        assert quoted.strip() == (
+            'raise ValueError(f"the cell gave up at {doubled}")  '
+            "# this line, in the worker's traceback"
+        ), text
+        assert "ValueError: the cell gave up at 10" in text
+        assert not tagged_pids(tag)

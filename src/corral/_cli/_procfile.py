@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import re
 
 import click
@@ -20,7 +19,7 @@ __all__ = [
     "read_input_file",
 ]
 
-_PROCFILE_LINE = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)\s*:\s*(.*\S)\s*$")
+_PROCFILE_LINE = re.compile(r"^([A-Za-z0-9_-][A-Za-z0-9_.-]*)\s*:\s*(.*\S)\s*$")
 
 #: The longest process name a Procfile may give: its copies are named
 #: ``NAME.N``, and a process's name has at most 100 characters.
@@ -109,36 +108,108 @@ def parse_procfile(text: str | bytes, path: str = "Procfile") -> dict[str, str]:
     return processes
 
 
-def parse_env_file(data: bytes, path: str = ".env") -> dict[str, str]:
-    """The variables of a ``.env`` file, as python-dotenv reads it (honcho's format).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_ASSIGNMENT = re.compile(r"([^=\s]+)\s*=[ \t]*")
+_EXPORT = re.compile(r"export[ \t]+\S")
+#: The escapes of a double-quoted value; any other backslash stays as it is.
+_DOUBLE_QUOTED_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}
 
-    A line python-dotenv cannot parse is an error naming the line (it would
-    only warn), as is a file that is not UTF-8 text or has a NUL character,
-    and a variable longer than :data:`MAX_VARIABLE` (no program can be
-    started with it).  A name without ``=`` sets nothing.
+
+class _EnvLineError(Exception):
+    """What is wrong with one line of a ``.env`` file."""
+
+
+def _env_value(text: str) -> str:
+    """The value after ``NAME=``: quotes and escapes as honcho reads them, see the module doc."""
+    value: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "'":
+            end = text.find("'", i + 1)
+            if end < 0:
+                raise _EnvLineError("a ' quote is not closed on its line")
+            value.append(text[i + 1 : end].replace("\\n", "\n").replace("\\t", "\t"))
+            i = end + 1
+        elif c == '"':
+            i += 1
+            while True:
+                if i >= len(text):
+                    raise _EnvLineError('a " quote is not closed on its line')
+                c = text[i]
+                if c == '"':
+                    i += 1
+                    break
+                if c == "\\" and i + 1 < len(text):
+                    escaped = text[i + 1]
+                    value.append(_DOUBLE_QUOTED_ESCAPES.get(escaped, c + escaped))
+                    i += 2
+                else:
+                    value.append(c)
+                    i += 1
+        elif c == "\\":
+            if i + 1 >= len(text):
+                raise _EnvLineError("a backslash ends the line (a value spans one line)")
+            value.append(text[i + 1])
+            i += 2
+        elif c in " \t":
+            rest = text[i:].lstrip(" \t")
+            if not rest or rest.startswith("#"):
+                break  # trailing blanks, or a comment after them
+            value.append(text[i : len(text) - len(rest)])
+            i = len(text) - len(rest)
+        else:
+            value.append(c)
+            i += 1
+    return "".join(value)
+
+
+def parse_env_file(
+    data: bytes, path: str = ".env", notices: list[str] | None = None
+) -> dict[str, str]:
+    """The variables of a ``.env`` file, read as honcho reads it (see docs/cli.rst).
+
+    One ``NAME=value`` a line; blank lines and ``#`` comments are skipped, as
+    is a name alone.  The value runs to the end of the line or to a ``#``
+    after a blank; ``'...'`` and ``"..."`` quote (``\\n`` and ``\\t`` are a
+    newline and a tab in both, ``\\\\`` and ``\\"`` are escapes in double
+    quotes), a backslash outside quotes takes the next character as it is,
+    and nothing is interpolated (``$HOME`` stays ``$HOME``).  ``NAME=`` sets
+    an empty value.  An ``export NAME=value`` line is skipped, as honcho and
+    foreman skip it, with a line in ``notices`` saying so.
+
+    Any other line is an error naming it (honcho would skip it), as is a
+    quote left open, a name that is not a variable name, a file that is not
+    UTF-8 text or has a NUL character, and a variable longer than
+    :data:`MAX_VARIABLE` (no program can be started with it).
     """
-    from dotenv import dotenv_values
-    from dotenv.parser import parse_stream
-
     text = _text(data, path, EnvFileError)
-    lines: dict[str, int] = {}
-    for binding in parse_stream(io.StringIO(text)):
-        line = binding.original.line
-        if binding.error:
-            statement = binding.original.string.strip()
-            raise EnvFileError(f"{path}, line {line}: cannot parse {shorten(statement, 60)}")
-        if binding.key is not None:
-            if not binding.key or "=" in binding.key:
-                raise EnvFileError(f"{path}, line {line}: {shorten(binding.key)} is not a name")
-            lines.setdefault(binding.key, line)
     env: dict[str, str] = {}
-    for key, value in dotenv_values(stream=io.StringIO(text)).items():
-        if value is None:
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or _ENV_NAME.fullmatch(stripped):
             continue
+        if _EXPORT.match(stripped):
+            if notices is not None:
+                notices.append(
+                    f"{path}, line {number}: an 'export' line is skipped, as honcho and "
+                    "foreman skip it (write NAME=value to set it)"
+                )
+            continue
+        match = _ENV_ASSIGNMENT.match(stripped)
+        if match is None:
+            raise EnvFileError(f"{path}, line {number}: cannot parse {shorten(stripped, 60)}")
+        key = match[1]
+        if not _ENV_NAME.fullmatch(key):
+            raise EnvFileError(f"{path}, line {number}: {shorten(key)} is not a variable name")
+        try:
+            value = _env_value(stripped[match.end() :])
+        except _EnvLineError as exc:
+            raise EnvFileError(f"{path}, line {number}: {exc}") from None
         size = len(key.encode()) + 1 + len(value.encode()) + 1
         if size > MAX_VARIABLE:
             raise EnvFileError(
-                f"{path}, line {lines.get(key, '?')}: {shorten(key)} is {size // 1024} KiB "
+                f"{path}, line {number}: {shorten(key)} is {size // 1024} KiB "
                 f"long; a variable may have at most {MAX_VARIABLE // 1024} KiB (the limit of "
                 "exec)"
             )

@@ -20,7 +20,12 @@ from ._procfile import EnvFileError, ProcfileError, parse_env_file, parse_procfi
 if TYPE_CHECKING:
     from corral import Process, Runner
 
-__all__ = ["up"]
+__all__ = ["PROCESS_NAME_VARIABLES", "up"]
+
+#: The variables naming each process of ``corral up`` (``web.1``, ``web.2``,
+#: ``worker.1``...): foreman's ``PS``, honcho's ``HONCHO_PROCESS_NAME`` and
+#: corral's own.
+PROCESS_NAME_VARIABLES = ("PS", "HONCHO_PROCESS_NAME", "CORRAL_PROCESS_NAME")
 
 _EXAMPLES_UP = """
 \b
@@ -31,17 +36,23 @@ Examples:
 """
 
 
-def _port_base(port: int | None, env: dict[str, str]) -> int:
-    """``--port``, or PORT from the .env files, from the environment, or 5000."""
+def _port_base(port: int | None, env: dict[str, str], notices: list[str]) -> int:
+    """The base port, as honcho picks it: PORT from the .env files, ``-p``, $PORT or 5000."""
+    candidates = [("the .env files", env.get("PORT"))]
     if port is not None:
-        return port
-    for where, value in (("the .env files", env.get("PORT")), ("$PORT", os.environ.get("PORT"))):
+        candidates.append(("-p", str(port)))
+    candidates.append(("$PORT", os.environ.get("PORT")))
+    for where, value in candidates:
         if value:
             number = value.strip()
             if not re.fullmatch(r"[0-9]{1,5}", number) or not 1 <= int(number) <= 65535:
                 raise click.BadParameter(
                     f"PORT={shorten(value)} from {where} is not a port number",
                     param_hint="--port",
+                )
+            if where != "-p" and port is not None:
+                notices.append(
+                    f"PORT={number} from {where} is the base port, not -p {port} (as in honcho)"
                 )
             return int(number)
     return 5000
@@ -65,13 +76,21 @@ def _check_env_size(env: dict[str, str], paths: Sequence[str]) -> None:
 
 
 @click.command(epilog=_EXAMPLES_UP, context_settings=CONTEXT)
-@click.option("-f", "--procfile", "procfile_option", help="The Procfile (default: ./Procfile).")
+@click.option(
+    "-f",
+    "--procfile",
+    "procfile_option",
+    help="The Procfile (default: $PROCFILE from the .env files or the environment, or ./Procfile).",
+)
 @click.option(
     "-e",
     "--env",
     "env_files",
     multiple=True,
-    help="A .env file to load (repeatable; default: ./.env if there is one).",
+    help=(
+        "The .env files to load, comma-separated or repeated; a later one wins "
+        "(default: ./.env if there is one)."
+    ),
 )
 @click.option(
     "-c",
@@ -84,7 +103,10 @@ def _check_env_size(env: dict[str, str], paths: Sequence[str]) -> None:
     "-p",
     "--port",
     type=click.IntRange(min=1, max=65535),
-    help="The base of the PORT each process gets (default: $PORT or 5000).",
+    help=(
+        "The base of the PORT each process gets, unless the .env files set PORT "
+        "(as in honcho; default: $PORT or 5000)."
+    ),
 )
 @click.option(
     "--name",
@@ -114,15 +136,28 @@ def up(
     ARGS is an optional Procfile path (one with a slash in it, or a name
     starting with "Procfile") followed by the names of the processes to run
     (all of them by default).  Each process runs through /bin/sh with
-    the variables of the .env files and a PORT of its own (the base port,
-    plus 100 per process type, plus 1 per copy).  The exit code is that of
+    the variables of the .env files, a PORT of its own (the base port,
+    plus 100 per process type, plus 1 per copy), and its name (web.1) in
+    PS, HONCHO_PROCESS_NAME and CORRAL_PROCESS_NAME.  A process whose name
+    starts with "-" is named after "--": corral up -- -name.  The exit code is that of
     the first process to exit (128 + N for a signal N); 130 after Ctrl-C.
     """
+    notices: list[str] = []
+    env: dict[str, str] = {}
+    files = [f.strip() for value in env_files for f in value.split(",") if f.strip()]
+    if not env_files and os.path.isfile(".env"):
+        files = [".env"]
+    for env_file in files:
+        if not os.path.exists(env_file):
+            raise EnvFileError(f"the env file {env_file} does not exist")
+        data = read_input_file(env_file, EnvFileError)
+        env.update(parse_env_file(data, env_file, notices))
+    _check_env_size(env, files)
     names = list(args)
     path = procfile_option
     if path is None and names and _looks_like_a_path(names[0]):
         path = names.pop(0)
-    path = path or "Procfile"
+    path = path or env.get("PROCFILE") or os.environ.get("PROCFILE") or "Procfile"
     processes = parse_procfile(read_input_file(path, ProcfileError), path)
     unknown = [n for n in names if n not in processes]
     if unknown:
@@ -131,16 +166,9 @@ def up(
     counts = _concurrency(concurrency, selected)
     if not any(counts.values()):
         raise click.UsageError("nothing to run: every selected process has 0 copies (-c)")
-    env: dict[str, str] = {}
-    files = list(env_files) or ([".env"] if os.path.isfile(".env") else [])
-    for env_file in files:
-        if not os.path.exists(env_file):
-            raise EnvFileError(f"the env file {env_file} does not exist")
-        env.update(parse_env_file(read_input_file(env_file, EnvFileError), env_file))
-    _check_env_size(env, files)
-    base = _port_base(port, env)
+    base = _port_base(port, env, notices)
     output = Output.of(log_dir, no_prefix, no_color, no_status, monitor)
-    main_loop(name, output, _UpJob(selected, counts, env, base, grace))
+    main_loop(name, output, _UpJob(selected, counts, env, base, grace, notices))
 
 
 def _looks_like_a_path(arg: str) -> bool:
@@ -185,20 +213,26 @@ class _UpJob:
     env: dict[str, str]
     base_port: int
     grace: float
+    notices: list[str]
 
     #: The programs the job starts: each command runs through the shell.
     programs = ("/bin/sh",)
 
     async def __call__(self, r: Runner, status: Status) -> int:
+        for notice in self.notices:
+            r.log(logging.WARNING, notice)
         started = []
         for index, (name, command) in enumerate(self.processes.items()):
             for copy in range(self.counts[name]):
+                process = f"{name}.{copy + 1}"
                 env = dict(self.env)
                 env["PORT"] = str(self.base_port + 100 * index + copy)
+                # foreman's name, honcho's, corral's: one value, set over the .env files'.
+                env.update(dict.fromkeys(PROCESS_NAME_VARIABLES, process))
                 started.append(
                     await r.start(
                         ["/bin/sh", "-c", command],
-                        name=f"{name}.{copy + 1}",
+                        name=process,
                         extra_env=env,
                         check=False,
                         grace=self.grace,

@@ -2,7 +2,9 @@
 
 ``_options`` (a launch's options), ``_context`` (what a launch needs of its
 runner: a way to start children, its log service), ``_plan`` (hosts, workers, environment,
-the job), ``_coordinator`` (every worker's outcome; when the launch is over),
+the job), ``_source`` (the job pickled, with the source lines of the code
+it sends by value, for the workers' tracebacks), ``_coordinator`` (every
+worker's outcome; when the launch is over),
 ``_launcher`` (:func:`launch` itself, and a launch on this machine),
 ``_remote`` (agents on other hosts, started with ssh or srun), ``_workers``
 (one host's workers in a runner), ``_agent`` (``python -m corral._agent`` on

@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
+import anyio.to_thread
 
 from .._checks import check_argv
 from .._errors import LaunchError
@@ -88,7 +89,8 @@ async def launch(
         payload = b""
     else:
         assert func is not None
-        payload = pickle_job(func, args)
+        # In a thread: pickling reads the source files of the code it sends by value.
+        payload = await anyio.to_thread.run_sync(pickle_job, func, args)
     coordinator = Coordinator(plan)
     if plan.remote:
         try:

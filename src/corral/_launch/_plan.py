@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from .._checks import check_grace
 from . import _link
@@ -137,10 +137,10 @@ def _is_utf8(text: str) -> bool:
 def pickle_job(func: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
     if not callable(func):
         raise TypeError(f"launch needs a callable, not {type(func).__name__}")
-    import cloudpickle
+    from . import _source
 
     try:
-        return cast(bytes, cloudpickle.dumps((func, args)))
+        return _source.dumps((func, args))
     except Exception as exc:
         raise TypeError(
             f"cannot send {func!r} and its arguments to the workers: {exc} "

@@ -246,11 +246,21 @@ def launch(
             (``SLURM_JOB_ID`` set) and this machine elsewhere, and
             ``["localhost"]`` is this machine (no ssh).  Give one of
             ``hosts`` and ``hostnames``.
-        backend: ``"asyncio"`` or ``"trio"``, the event loop to run on.
+        backend: ``"asyncio"`` or ``"trio"``, the event loop to run on
+            (torchrunx's ``backend="nccl"``/``"gloo"`` is refused with a
+            message saying what to do: call
+            ``torch.distributed.init_process_group`` in the function).
         options: the keywords of :func:`open_runner` (``name``, ``grace``,
             ``console``, ``log_dir``...) and of :meth:`Runner.launch`
             (``extra_env``, ``copy_env``, ``ssh``, ``start_timeout``...).
     """
+    if backend in _PROCESS_GROUP_BACKENDS:
+        raise ValueError(
+            f"backend={backend!r} is torchrunx's process-group backend, but corral starts no "
+            "process group: call torch.distributed.init_process_group("
+            f"{backend!r}) in the function (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are "
+            'set); corral\'s backend= is the event loop, "asyncio" or "trio"'
+        )
     if hostnames is not None:
         if hosts is not None:
             raise TypeError("give hosts or hostnames (its torchrunx spelling), not both")
@@ -260,6 +270,10 @@ def launch(
     }
     with open_runner_sync(backend=backend, **runner_options) as r:
         return r.launch(func, *args, hosts=hosts, workers_per_host=workers_per_host, **options)
+
+
+#: torchrunx's (and torch.distributed's) ``backend=`` values, which corral's ``backend=`` is not.
+_PROCESS_GROUP_BACKENDS = frozenset({"nccl", "gloo", "mpi", "ucc", "xccl", "cuda:nccl"})
 
 
 def _from_hostnames(hostnames: Sequence[str] | str) -> Sequence[str] | str | None:
