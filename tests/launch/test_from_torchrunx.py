@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from tests.conftest import TAG_VAR
+from tests.helpers.processes import TAG_VAR
 
 import corral
 

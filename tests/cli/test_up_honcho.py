@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_cli import corral, environ, messages, shown
+from tests.cli.test_cli import corral, environ, messages, shown
 
 from corral._cli import _procfile
 

@@ -5,7 +5,7 @@ cloudpickle sends a function defined in ``__main__``, in a notebook cell or by
 name and its lines along (:mod:`corral._launch._source`).  The cases: a script
 run as ``__main__`` (a real ``python script.py``), code compiled under a file
 name only the launcher's :mod:`linecache` knows (what IPython does with a
-notebook cell, ``/tmp/ipykernel_<pid>/<n>.py``; tests/test_notebook.py has a
+notebook cell, ``/tmp/ipykernel_<pid>/<n>.py``; tests/sync/test_notebook.py has a
 real kernel), ``exec`` of a file's text under its name, and ``exec`` of a
 string (``<string>``: no line, as locally).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import TAG_VAR
+from tests.helpers.processes import TAG_VAR
 
 import corral
 from corral import RemoteTraceback
