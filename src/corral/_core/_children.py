@@ -101,16 +101,13 @@ class Children:
 
     # -- starting ---------------------------------------------------------------------
 
-    async def start(
-        self, argv: object, options: ProcessOptions, *, collect: bool, what: str
-    ) -> tuple[Process, Supervisor]:
-        """Check ``options``, spawn ``argv`` and supervise it; the handle and its supervisor.
+    async def start(self, argv: object, options: ProcessOptions, *, what: str) -> Process:
+        """Check ``options``, spawn ``argv`` and supervise it; its handle, once it runs.
 
-        ``collect`` keeps the exact bytes of piped streams (for
-        :meth:`Runner.run`); ``what`` names the caller in errors.  Nothing is
-        spawned when an option is wrong or the calling scope is cancelled
-        already; a cancellation that arrives once the child runs stops and
-        reaps it before it goes on.
+        With ``wait_started``, once it reported that it started.  ``what``
+        names the caller in errors.  Nothing is spawned when an option is
+        wrong or the calling scope is cancelled already; a cancellation that
+        arrives once the child runs stops and reaps it before it goes on.
         """
         if self._scope.tg is None:
             raise RuntimeError("the runner has not been entered yet (use 'async with')")
@@ -155,7 +152,6 @@ class Children:
             stop_signal=stop_signal,
             policy=policy,
             start_timeout=start_timeout,
-            collect=collect,
             on_exit=exited,
             on_event=event,
         )
@@ -181,7 +177,9 @@ class Children:
         except BaseException:
             await sup.abandon()
             raise
-        return proc, sup
+        if wait_started:
+            await sup.wait_started()
+        return proc
 
     def _unique_name(self, name: str | None, program: str) -> str:
         taken = self._live

@@ -89,6 +89,16 @@ class Process(anyio.abc.Process):
         """
         return self._sup.peek_returncode()
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop was asked for: :meth:`stop`, :meth:`terminate`, :meth:`kill`, a
+        signal the runner passed on, or the runner's own stop.
+
+        An exit after it is not a failure, even with ``check=True``, and is not
+        restarted.
+        """
+        return self._sup.stop_requested
+
     def poll(self) -> int | None:
         """The exit code if the child has exited, else ``None`` (never waits)."""
         return self.returncode

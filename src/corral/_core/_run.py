@@ -2,7 +2,8 @@
 
 A child that is restarted has one run after another (see
 :mod:`corral._core._supervisor`); each is opened here, right after its spawn,
-with the readers of its pipes and the streams its user gets.
+with the readers of its pipes and the streams its user gets; :func:`feed` and
+:func:`drain` are how :meth:`Runner.run` writes and reads those streams.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from .._logs._pipes import BufferedReceiveStream, PipeReader, PipeReceiveStream,
 from ._handshake import HandshakeReader
 
 if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream, ByteSendStream
+
     from .._logs._hub import LogHub
     from .._logs._sources import Source
     from ._spawn import Spawned, SpawnSpec
 
-__all__ = ["Run", "UserStream", "close_status", "collected", "open_run"]
+__all__ = ["Run", "UserStream", "close_status", "drain", "feed", "open_run"]
 
 #: A stream of a child's pipe handed to its user.
 UserStream = PipeSendStream | PipeReceiveStream | BufferedReceiveStream
@@ -36,7 +39,6 @@ class Run:
         self.pgid = spawned.pid
         self.readers: list[PipeReader] = []
         self.stderr_reader: PipeReader | None = None
-        self.collected: dict[str, bytearray] = {}
         self.receive_streams: list[PipeReceiveStream] = []
         self.handshake: HandshakeReader | None = None
         self.started = anyio.Event()
@@ -61,7 +63,6 @@ def open_run(
     *,
     hub: LogHub,
     source: Source,
-    collecting: bool,
     open_streams: set[UserStream],
 ) -> Run:
     """Set up the readers and streams of a freshly spawned child."""
@@ -72,25 +73,20 @@ def open_run(
     ):
         if fd is None:
             continue
-        if plan.pipe and not plan.log and not collecting:
-            # start(): the pipe itself is the user's stream.
+        if plan.pipe and not plan.log:
+            # The pipe itself is the user's stream.
             receive = PipeReceiveStream(fd, open_streams)
             run.receive_streams.append(receive)
             _set_stream(run, stream, receive)
             continue
-        collect: bytearray | None = None
         buffered: BufferedReceiveStream | None = None
         if plan.pipe:
-            if collecting:
-                collect = run.collected[stream] = bytearray()
-            else:
-                buffered = BufferedReceiveStream(open_streams)
-                _set_stream(run, stream, buffered)
+            buffered = BufferedReceiveStream(open_streams)
+            _set_stream(run, stream, buffered)
         reader = PipeReader(
             fd,
             collector=hub.collector,
             state=hub.lines(source, stream, spawned.pid) if plan.log else None,
-            collect=collect,
             stream=buffered,
             tail_bytes=STDERR_TAIL_BYTES if stream == "stderr" and plan.log else 0,
         )
@@ -123,6 +119,19 @@ def close_status(run: Run) -> None:
         spawned.status = None
 
 
-def collected(run: Run, stream: str, default: bytes | None = None) -> bytes | None:
-    data = run.collected.get(stream)
-    return bytes(data) if data is not None else default
+async def feed(stdin: ByteSendStream, data: bytes) -> None:
+    """Write ``data`` to the child's stdin and close it; a child that stopped reading is fine."""
+    try:
+        if data:
+            await stdin.send(data)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    finally:
+        await stdin.aclose()
+
+
+async def drain(stream: ByteReceiveStream, into: bytearray) -> None:
+    """Read ``stream`` to its end into ``into``, then close it."""
+    async with stream:
+        async for data in stream:
+            into.extend(data)

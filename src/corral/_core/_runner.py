@@ -54,6 +54,7 @@ from ._children import MAX_NAME, Children, check_name
 from ._lifeline import Lifeline
 from ._options import ProcessOptions, StartOptions, StrOrPath
 from ._process import Process
+from ._run import drain, feed
 from ._scope import Scope
 from ._stdio import DEVNULL, PIPE
 from ._token import LoopToken
@@ -288,10 +289,7 @@ class Runner:
         """
         opts = ProcessOptions.of(options, "Runner.start")
         self.token.check("Runner.start")
-        proc, sup = await self._children.start(argv, opts, collect=False, what="Runner.start")
-        if opts.wait_started:
-            await sup.wait_started()
-        return proc
+        return await self._children.start(argv, opts, what="Runner.start")
 
     @with_keywords(ProcessOptions)
     async def run(
@@ -322,31 +320,36 @@ class Runner:
                 raise ValueError("stdin and input cannot both be given")
             stdin = PIPE
         self.token.check("Runner.run")
-        proc, sup = await self._children.start(
-            argv, opts.replace(check=False, stdin=stdin), collect=True, what="Runner.run"
+        # Built on start() as anyio.run_process is on open_process: feed, drain, wait.
+        proc = await self._children.start(
+            argv, opts.replace(check=False, stdin=stdin), what="Runner.run"
         )
+        out = bytearray() if proc.stdout is not None else None
+        err = bytearray() if proc.stderr is not None else None
         try:
-            if opts.wait_started:
-                await sup.wait_started()
-            if proc.stdin is not None:
-                await _feed(proc, bytes(input or b""))
-            code = await proc.wait()
+            async with anyio.create_task_group() as tg:
+                if proc.stdout is not None and out is not None:
+                    tg.start_soon(drain, proc.stdout, out)
+                if proc.stderr is not None and err is not None:
+                    tg.start_soon(drain, proc.stderr, err)
+                if proc.stdin is not None:
+                    tg.start_soon(feed, proc.stdin, bytes(input or b""))
+                code = await proc.wait()
         except BaseException:
-            await sup.abandon()
+            await proc.aclose()  # stop signal, grace, SIGKILL, reap: shielded
             raise
-        # What the child did, read from its public face; the exact bytes from the run.
         result = CompletedProcess(
             proc.args,
             code,
-            sup.collected("stdout"),
-            sup.collected("stderr"),
+            bytes(out) if out is not None else None,
+            bytes(err) if err is not None else None,
             name=proc.name,
             pid=proc.pid,
             duration=proc.duration or 0.0,
             started_value=proc.started_value,
             stderr_tail=proc.stderr_tail,
         )
-        if opts.check and result.returncode != 0 and not sup.stop_requested:
+        if opts.check and result.returncode != 0 and not proc.stop_requested:
             result.check_returncode()
         return result
 
@@ -506,19 +509,6 @@ class Runner:
             raise RuntimeError("the runner has not been entered yet (use 'async with')")
         if self._scope.closing:
             raise RuntimeError(f"runner {self._name!r} is closing; it starts no new processes")
-
-
-async def _feed(proc: Process, data: bytes) -> None:
-    """Write ``data`` to the child's stdin and close it; a child that stopped reading is fine."""
-    stdin = proc.stdin
-    assert stdin is not None
-    try:
-        if data:
-            await stdin.send(data)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
-    finally:
-        await stdin.aclose()
 
 
 def open_runner(

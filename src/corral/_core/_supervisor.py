@@ -39,11 +39,11 @@ import anyio
 import anyio.lowlevel
 
 from .._checks import check_grace
-from .._errors import STDERR_TAIL_BYTES, HandshakeError, ProcessFailed, StartupFailed
+from .._errors import HandshakeError, ProcessFailed, StartupFailed
 from .._sys import _platform
 from .._sys._backend import SureTask, outlast_native_cancel, start_surely
 from ._handshake import MAX_REPORT
-from ._run import Run, UserStream, close_status, collected, open_run
+from ._run import Run, UserStream, close_status, open_run
 from ._spawn import Spawned, Spawner, SpawnSpec, describe_argv
 
 if TYPE_CHECKING:
@@ -98,7 +98,6 @@ class Supervisor:
         stop_signal: int,
         policy: RestartPolicy,
         start_timeout: float | None,
-        collect: bool = False,
         on_exit: Callable[[], None],
         on_event: Callable[[str], None],
     ) -> None:
@@ -125,7 +124,6 @@ class Supervisor:
         self.stdout: ByteReceiveStream | None = None
         self.stderr: ByteReceiveStream | None = None
         self.user_streams: list[UserStream] = []
-        self._collects = collect
         self._restarts_in_a_row = 0
         self._left = False
         self.run = self._make_run(spawned)
@@ -155,15 +153,8 @@ class Supervisor:
 
     def stderr_tail(self) -> bytes:
         """The last bytes the child wrote to stderr (empty when stderr was not read)."""
-        run = self.run
-        if "stderr" in run.collected:
-            return bytes(run.collected["stderr"][-STDERR_TAIL_BYTES:])
-        reader = run.stderr_reader
+        reader = self.run.stderr_reader
         return bytes(reader.tail) if reader is not None else b""
-
-    def collected(self, stream: str) -> bytes | None:
-        """The bytes the current run's ``stream`` collected (``PIPE`` in :meth:`Runner.run`)."""
-        return collected(self.run, stream)
 
     # -- what its process does ----------------------------------------------------------
 
@@ -261,7 +252,6 @@ class Supervisor:
             self.spec,
             hub=self._services.hub,
             source=self.source,
-            collecting=self._collects,
             open_streams=self._services.open_streams,
         )
         if run.stdin is not None:
@@ -308,8 +298,7 @@ class Supervisor:
             self.spec.argv,
             name=self.name,
             pid=run.pid,
-            stdout=collected(run, "stdout"),
-            stderr=collected(run, "stderr", self.stderr_tail()),
+            stderr=self.stderr_tail(),
             restarts=self.restarts,
         )
 

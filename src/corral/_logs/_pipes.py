@@ -7,12 +7,11 @@ depends on the option the stream was started with:
 
 * ``LOG``: the whole read goes to the collector as one chunk; lines and
   records are made from it on the collector's worker thread, never here.
-* ``PIPE`` with :meth:`Runner.run`: the bytes are collected, exactly.
-* ``PIPE`` with :meth:`Runner.start`: the :class:`Process` offers the pipe
-  itself as an AnyIO byte stream (:class:`PipeReceiveStream`); no reader
-  task is involved.
-* ``LOG | PIPE``: both — logged, and collected (``run``) or offered as a
-  stream (:class:`BufferedReceiveStream`, ``start``).
+* ``PIPE``: the :class:`Process` offers the pipe itself as an AnyIO byte
+  stream (:class:`PipeReceiveStream`); no reader task is involved.
+  (:meth:`Runner.run` reads it to the end, as :func:`anyio.run_process` does.)
+* ``LOG | PIPE``: both — logged, and offered as a stream
+  (:class:`BufferedReceiveStream`).
 
 Three details matter:
 
@@ -64,7 +63,7 @@ STREAM_BUFFER = 256 * 1024
 
 
 class PipeReader:
-    """Reads one pipe of a child: to the log, to a collected buffer and/or a stream."""
+    """Reads one pipe of a child: to the log and/or to a stream."""
 
     def __init__(
         self,
@@ -72,14 +71,12 @@ class PipeReader:
         *,
         collector: Collector,
         state: StreamState | None = None,
-        collect: bytearray | None = None,
         stream: BufferedReceiveStream | None = None,
         tail_bytes: int = 0,
     ) -> None:
         self.fd = fd
         self._collector = collector
         self._state = state
-        self._collect = collect
         self._stream = stream
         self._tail_bytes = tail_bytes
         #: The last ``tail_bytes`` bytes read (for a failure's stderr tail).
@@ -154,8 +151,6 @@ class PipeReader:
             tail += data
             if len(tail) > self._tail_bytes:
                 del tail[: len(tail) - self._tail_bytes]
-        if self._collect is not None:
-            self._collect += data
         if self._stream is not None:
             self._stream.feed(data)
         if self._state is not None:
