@@ -73,7 +73,8 @@ async def corral_handshake() -> float:
     async with corral.open_runner(console=False, handle_signals=False) as r:
         p = await r.start([PY, "-c", REPORT], wait_started=True)
         latency = time.monotonic() - float(p.started_value)  # type: ignore[arg-type]
-        await p.terminate()
+        p.terminate()
+        await p.wait()
     return latency
 
 
