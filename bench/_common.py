@@ -50,6 +50,21 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: 
     print(format_table(header, rows, markdown))
 
 
+def unignore_sigint() -> None:
+    """Let the launchers this process starts get SIGINT, even if it came to us ignored.
+
+    A process started by ``&`` in a non-interactive shell (or by ``nohup``) inherits
+    SIGINT ignored, and hands it on so to every program it starts; corral, rightly,
+    leaves an ignored signal alone, so a launcher started from such a shell would not
+    stop on the SIGINT a benchmark sends it.  A handler of ours is reset to the default
+    in every program this process execs.
+    """
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def wait_all(fds: list[int], timeout: float) -> dict[int, float]:
     """Block until every pidfd is readable (its process has exited); when each became so."""
     seen: dict[int, float] = {}

@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import add_smoke, format_table, print_header, wait_all  # bench/ is on sys.path
+from _common import add_smoke, format_table, print_header, unignore_sigint, wait_all
 from _private import CLI_MODULE
 
 TARGET = 0.150  # seconds, Ctrl-C to everything gone
@@ -168,6 +168,7 @@ def main() -> None:
     n = args.workers
     print_header("corral command benchmark", "cli.py", ("click", "anyio"))
     print(f"# the command measured: {' '.join(corral_argv())}")
+    unignore_sigint()
 
     with tempfile.TemporaryDirectory() as tmp:
         scripts = {}

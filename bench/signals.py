@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import add_smoke, print_header, print_table, wait_all  # bench/ is on sys.path
+from _common import add_smoke, print_header, print_table, unignore_sigint, wait_all
 
 TARGET_OVERHEAD = 0.150  # seconds
 
@@ -172,6 +172,7 @@ def main() -> None:
     args = parser.parse_args()
     n, grace = args.children, args.grace
     print_header("corral signal fan-out benchmark", "signals.py", ("anyio", "trio"))
+    unignore_sigint()
 
     with tempfile.TemporaryDirectory() as tmp:
         scripts = {}

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import TAG_VAR
+from tests.conftest import TAG_VAR, tagged_pids
 
 
 def _root() -> Path:
@@ -32,8 +32,18 @@ SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if not p.name.startswi
 TIMEOUT = 45
 
 
-def smoke(script: Path, tag: str) -> subprocess.CompletedProcess[str]:
-    """Run ``script --smoke`` in its own session; on a timeout, kill the whole session."""
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def smoke(
+    script: Path, tag: str, *, ignoring_sigint: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script --smoke`` in its own session; on a timeout, kill all it started.
+
+    With ``ignoring_sigint``, the script starts with SIGINT ignored, as from ``&`` in a
+    non-interactive shell.
+    """
     env = {**os.environ, "NO_COLOR": "1", TAG_VAR: tag}
     proc = subprocess.Popen(
         [sys.executable, str(script.relative_to(ROOT)), "--smoke"],
@@ -44,11 +54,16 @@ def smoke(script: Path, tag: str) -> subprocess.CompletedProcess[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_ignore_sigint if ignoring_sigint else None,
     )
     try:
         stdout, stderr = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
+        # Its launchers may sit in sessions of their own and hold its pipes: kill
+        # every process it started, not only its session.
         os.killpg(proc.pid, signal.SIGKILL)
+        for pid in tagged_pids(tag):
+            os.kill(pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         pytest.fail(f"{script.name} --smoke took more than {TIMEOUT} s\n{stdout}\n{stderr}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -67,3 +82,11 @@ def test_every_bench_runs_at_a_tiny_size(script: Path, tag: str) -> None:
     assert result.returncode == 0, f"{script.name} exited with {result.returncode}\n{described}"
     assert "# SMOKE RUN" in result.stdout, f"{script.name} printed no header\n{described}"
     assert "Traceback (most recent call last)" not in result.stderr, described
+
+
+@pytest.mark.parametrize("name", ["signals.py", "cli.py"])
+def test_a_bench_that_sends_sigint_works_from_a_shell_that_ignores_it(name: str, tag: str) -> None:
+    # Its launchers would inherit SIGINT ignored, and corral leaves an ignored signal
+    # alone: the benchmark gives them the default back.
+    result = smoke(ROOT / "bench" / name, tag, ignoring_sigint=True)
+    assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
