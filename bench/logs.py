@@ -1082,6 +1082,7 @@ def records_table(
         fmt: Callable[[float], str],
         *,
         skip: tuple[str, ...] = (),
+        ratios: bool = True,
         target: str = "",
         ok: Callable[[float, float | None, float | None], bool | None] | None = None,
     ) -> list[str]:
@@ -1093,8 +1094,8 @@ def records_table(
             backend,
             measure,
             *("" if values[v] is None else fmt(values[v] or 0.0) for v in variants),
-            _ratio(c, d) if c is not None and d else "",
-            _ratio(c, t) if c is not None and t else "",
+            _ratio(c, d) if ratios and c is not None and d else "",
+            _ratio(c, t) if ratios and c is not None and t else "",
             target,
             met,
         ]
@@ -1124,6 +1125,7 @@ def records_table(
             lambda xs: sum(x["lost"] for x in xs),
             lambda x: f"{x:,.0f}",
             skip=(FLOOR,),
+            ratios=False,
             target="0 (corral)",
             ok=lambda c, d, t: c == 0,
         ),

@@ -283,7 +283,7 @@ def main() -> None:
                     _ms(rw),
                     f"{ratio:.2f}",
                     "<= 1.25",
-                    "yes" if ok_a else "NO",
+                    "yes" if ok_a else "**NO**",
                 ]
             )
             cs, rs = med(r["c_stall"]), med(r["raw_stall"])
@@ -296,7 +296,7 @@ def main() -> None:
                     _ms(rs),
                     f"{cs / rs:.2f}",
                     "<= 1.00",
-                    "yes" if ok_b else "NO",
+                    "yes" if ok_b else "**NO**",
                 ]
             )
             rows.append(
