@@ -281,7 +281,7 @@ def main() -> None:
                     f"peak growth, {args.big_lines:,} lines of 16 KiB, {n} stuck clients vs none",
                     f"{grown:.1f} MiB",
                     f"{memory['0']:.1f} MiB",
-                    f"+{grown - memory['0']:.1f} MiB",
+                    f"{grown - memory['0']:+.1f} MiB",
                     "bounded",
                     "",
                 )
@@ -294,7 +294,7 @@ def main() -> None:
                 "vs no monitor",
                 f"{unwatched:.1f} MiB",
                 f"{bare:.1f} MiB",
-                f"+{unwatched - bare:.1f} MiB",
+                f"{unwatched - bare:+.1f} MiB",
                 "bounded",
                 "",
             )
