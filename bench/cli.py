@@ -100,10 +100,13 @@ def ready_pids(launcher: subprocess.Popen[str], workers: int) -> list[int]:
     """Read the launcher's output until it says every worker runs; their pids."""
     assert launcher.stdout is not None
     pids: list[int] = []
+    seen: list[str] = []  # the last lines, for the error
     while len(pids) < workers or (workers == 0 and not pids):
         line = launcher.stdout.readline()
         if not line:
-            raise RuntimeError(f"the launcher ended before its workers were ready: {pids}")
+            said = "".join(seen)
+            raise RuntimeError(f"the launcher ended before its workers were ready: {pids}\n{said}")
+        seen = [*seen[-19:], line]
         words = line.split()
         if words and words[0] == "READY":
             pids = [int(p) for p in words[1:]]
