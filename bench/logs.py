@@ -949,8 +949,9 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
     for job, child, all_variants, run in jobs:
         variants = [v for v in all_variants if only is None or v in only or v == COST]
         name = f"{job} {child}".strip()
-        for v in variants:  # warm up: imports, the page cache, worker threads
-            await run(v, 50)
+        if not args.smoke:  # a smoke run checks every variant once, cold
+            for v in variants:  # warm up: imports, the page cache, worker threads
+                await run(v, 50)
         res: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for rep in range(args.reps):
             order = variants if rep % 4 in (0, 3) else variants[::-1]
