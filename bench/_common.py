@@ -2,7 +2,7 @@
 
 Every script in ``bench/`` (but the ``_*.py`` helpers) takes ``--smoke``: every size
 at a tiny value, so that CI can check that the script still runs
-(``tests/test_bench.py``).  A smoke run's figures mean nothing, and no timing target
+(``tests/project/test_bench.py``).  A smoke run's figures mean nothing, and no timing target
 ever decides a script's exit status; only a correctness check does (a line lost, a
 record out of order).
 """

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import TAG_VAR, tagged_pids
+from tests.helpers.processes import TAG_VAR, tagged_pids
 
 
 def _root() -> Path:
