@@ -29,6 +29,7 @@ Usage::
     python bench/cli.py                 # 8 workers, 15 repetitions
     python bench/cli.py --markdown      # the table in Markdown (for bench/RESULTS.md)
     python bench/cli.py --workers 16 --reps 21
+    python bench/cli.py --smoke         # tiny sizes: only checks that it runs (CI)
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import wait_all  # bench/ is on sys.path when a script runs
+from _common import add_smoke, format_table, print_header, unignore_sigint, wait_all
+from _private import CLI_MODULE
 
 TARGET = 0.150  # seconds, Ctrl-C to everything gone
 
@@ -91,17 +93,20 @@ except KeyboardInterrupt:
 
 def corral_argv() -> list[str]:
     script = Path(sys.executable).with_name("corral")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "corral._cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", CLI_MODULE]
 
 
 def ready_pids(launcher: subprocess.Popen[str], workers: int) -> list[int]:
     """Read the launcher's output until it says every worker runs; their pids."""
     assert launcher.stdout is not None
     pids: list[int] = []
+    seen: list[str] = []  # the last lines, for the error
     while len(pids) < workers or (workers == 0 and not pids):
         line = launcher.stdout.readline()
         if not line:
-            raise RuntimeError(f"the launcher ended before its workers were ready: {pids}")
+            said = "".join(seen)
+            raise RuntimeError(f"the launcher ended before its workers were ready: {pids}\n{said}")
+        seen = [*seen[-19:], line]
         words = line.split()
         if words and words[0] == "READY":
             pids = [int(p) for p in words[1:]]
@@ -156,34 +161,17 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def _table(rows: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-        return "\n".join(lines)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in rows
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--markdown", action="store_true")
+    add_smoke(parser, workers=2, reps=1)
     args = parser.parse_args()
     n = args.workers
-
-    import corral
-
-    print(
-        f"# corral command benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]})"
-    )
-    print(f"# command: python bench/cli.py {' '.join(sys.argv[1:])}".rstrip())
-    print(f"# corral measured: {os.path.dirname(corral.__file__)} ({corral.__version__})")
+    print_header("corral command benchmark", "cli.py", ("click", "anyio"))
+    print(f"# the command measured: {' '.join(corral_argv())}")
+    unignore_sigint()
 
     with tempfile.TemporaryDirectory() as tmp:
         scripts = {}
@@ -212,7 +200,7 @@ def main() -> None:
     med = {key: statistics.median(values) for key, values in total.items()}
     value, base = med["corral run"], med["popen+killpg"]
     met = value < TARGET
-    rows = [
+    header, *rows = [
         [
             "measure",
             "corral run (median)",
@@ -233,20 +221,19 @@ def main() -> None:
             f"{value / base:.2f}",
             _ms(med["bare python"]),
             f"< {_ms(TARGET)}",
-            "yes" if met else "NO",
+            "yes" if met else "**NO**",
         ],
     ]
     print()
     print(f"## Ctrl-C to exit: SIGINT to the launcher's process group until it and its {n}")
     print("## workers have exited (corral and the baseline alternate in one run)")
     print()
-    print(_table(rows, args.markdown))
+    print(format_table(header, rows, args.markdown))
     print()
     print("start-up, launch until every worker is ready (medians; no target):")
     print()
-    startup = [["variant", "launch to ready"]]
-    startup += [[key, _ms(statistics.median(values))] for key, values in ready.items()]
-    print(_table(startup, args.markdown))
+    startup = [[key, _ms(statistics.median(values))] for key, values in ready.items()]
+    print(format_table(["variant", "launch to ready"], startup, args.markdown))
     print()
     print("all samples, Ctrl-C to exit (ms):")
     for key, values in total.items():

@@ -17,6 +17,7 @@ Run it::
 
     python bench/imports.py              # 31 rounds
     python bench/imports.py --markdown   # the table for bench/RESULTS.md
+    python bench/imports.py --smoke      # 2 rounds: only checks that it runs (CI)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from _common import print_table  # bench/ is on sys.path when a script runs
+from _common import add_smoke, print_header, print_table  # bench/ is on sys.path
 
 VARIANTS = {
     "bare interpreter": "pass",
@@ -50,7 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=31, help="fresh interpreters per variant")
     parser.add_argument("--markdown", action="store_true", help="the table in Markdown")
+    add_smoke(parser, rounds=2)
     args = parser.parse_args()
+    print_header("import cost", "imports.py", ("anyio", "msgspec"))
 
     names = list(VARIANTS)
     for name in names:  # warm the file cache and the bytecode caches once
@@ -64,12 +67,7 @@ def main() -> None:
     floor = median["bare interpreter"]
     base = median["import logging.handlers"] - floor
 
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(
-        f"# import cost  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, Python "
-        f"{sys.version.split()[0]}, load {load})"
-    )
-    print(f"# command: python bench/imports.py {' '.join(sys.argv[1:])}".rstrip())
+    print()
     rows = []
     for name in names:
         whole = median[name] * 1000

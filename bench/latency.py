@@ -15,7 +15,8 @@ under raw AnyIO in the same run, repetitions interleaved:
   ``start`` returns; the baseline reads one line from the child's stdout
   with ``anyio.open_process``.
 
-Run: ``python bench/latency.py [--reps N] [--markdown]``.
+Run: ``python bench/latency.py [--reps N] [--markdown]`` (``--smoke``: one
+repetition, for CI).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 import time
 
 import anyio
+from _common import add_smoke, print_header, print_table  # bench/ is on sys.path
 
 import corral
 
@@ -73,7 +75,8 @@ async def corral_handshake() -> float:
     async with corral.open_runner(console=False, handle_signals=False) as r:
         p = await r.start([PY, "-c", REPORT], wait_started=True)
         latency = time.monotonic() - float(p.started_value)  # type: ignore[arg-type]
-        await p.terminate()
+        p.terminate()
+        await p.wait()
     return latency
 
 
@@ -114,16 +117,18 @@ async def measure(reps: int) -> list[tuple[str, float, float, float | None]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--markdown", action="store_true")
+    add_smoke(parser, reps=1)
     args = parser.parse_args()
+    print_header("corral latency benchmarks", "latency.py", ("anyio", "trio"))
     header = ["backend", "measure (median)", "corral", "raw anyio", "ratio", "target", "met"]
-    lines = []
+    rows = []
     for backend in ("asyncio", "trio"):
         for label, ours, theirs, target in anyio.run(measure, args.reps, backend=backend):
-            met = "" if target is None else ("yes" if ours <= target else "NO")
-            lines.append(
+            met = "" if target is None else ("yes" if ours <= target else "**NO**")
+            rows.append(
                 [
                     backend,
                     label,
@@ -134,15 +139,8 @@ def main() -> None:
                     met,
                 ]
             )
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in lines:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
-        for row in [header, *lines]:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    print()
+    print_table(header, rows, args.markdown)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,18 @@ all (the baseline) and N stuck clients: raw sockets that complete the
 WebSocket handshake with a 4 KiB receive buffer and then read nothing.
 Medians of ``--reps`` pairs, each backend in a fresh interpreter.
 
-Memory: for each number of stuck clients (0 included), the peak resident
-size of the launcher (``VmHWM``, reset through ``/proc/self/clear_refs``)
-during one flood of ``--big-lines`` lines of 16 KiB, above what it held
-before; and the same for a runner whose monitor has no client at all, with
-lines of 1 MiB.
+Memory: for each number of stuck clients (0 included: the baseline), the
+peak resident size of the launcher (``VmHWM``, reset through
+``/proc/self/clear_refs``) during one flood of ``--big-lines`` lines of 16 KiB,
+above what it held before; and the same for ``--huge-lines`` lines of 1 MiB,
+under a runner whose monitor has no client at all against a runner with no
+monitor (the baseline).  Each memory figure comes from a fresh interpreter.
 
 Run it::
 
     python bench/monitor.py                # both backends, 21 pairs each, 1 and 200 clients
     python bench/monitor.py --markdown     # the tables for bench/RESULTS.md
+    python bench/monitor.py --smoke        # tiny sizes: only checks that it runs (CI)
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import time
 import urllib.parse
 from typing import Any
 
-from _common import print_table  # bench/ is on sys.path when a script runs
+from _common import add_smoke, print_header, print_table  # bench/ is on sys.path
+from _private import monitor_clients
 
 BACKENDS = ("asyncio", "trio")
 
@@ -128,8 +131,6 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     ) as r:
         assert r.monitor_url is not None
         url = r.monitor_url
-        monitor = r._monitor
-        assert monitor is not None
 
         async def burst(lines: int, length: int) -> float:
             counter.count, counter.target = 0, lines
@@ -141,7 +142,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
             return time.perf_counter() - start
 
         async def until_clients(n: int) -> None:
-            while len(monitor.clients()) != n:
+            while monitor_clients(r) != n:
                 await anyio.sleep(0.005)
 
         async def connect(n: int) -> list[socket.socket]:
@@ -165,27 +166,31 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"times": times}
 
 
+#: ``--memory`` values that are no number of stuck clients: floods of 1 MiB lines.
+UNWATCHED, NO_MONITOR = -1, -2
+
+
 async def _memory(args: argparse.Namespace) -> float:
     """In a fresh interpreter: the peak growth of one flood, with ``args.memory`` stuck
-    clients (of 16 KiB lines), or with a monitor nobody connects to (``-1``: of 1 MiB)."""
+    clients (of 16 KiB lines), or (of 1 MiB lines) with a monitor nobody connects to
+    (:data:`UNWATCHED`) or with no monitor at all (:data:`NO_MONITOR`)."""
     import anyio
 
     import corral
 
     stuck = args.memory
-    async with corral.open_runner(name="bench", monitor=True, console=False) as r:
-        assert r.monitor_url is not None
+    monitor = stuck != NO_MONITOR
+    async with corral.open_runner(name="bench", monitor=monitor, console=False) as r:
         url = r.monitor_url
-        monitor = r._monitor
-        assert monitor is not None
+        assert (url is not None) == monitor
         flood = [sys.executable, "-c", FLOOD]
         length = 16384 if stuck >= 0 else 1 << 20
-        lines = args.big_lines if stuck >= 0 else 300
-        await r.run([*flood, str(lines // 10), str(length)])  # warm up
+        lines = args.big_lines if stuck >= 0 else args.huge_lines
+        await r.run([*flood, str(max(lines // 10, 1)), str(length)])  # warm up
         socks = await anyio.to_thread.run_sync(
-            lambda: [_stuck_client(url) for _ in range(max(stuck, 0))]
+            lambda: [_stuck_client(url) for _ in range(max(stuck, 0)) if url]
         )
-        while len(monitor.clients()) != max(stuck, 0):
+        while monitor and monitor_clients(r) != max(stuck, 0):
             await anyio.sleep(0.005)
         before = _reset_peak()
         await r.run([*flood, str(lines), str(length)])
@@ -205,9 +210,13 @@ def main() -> None:
     parser.add_argument(
         "--big-lines", type=int, default=20_000, help="lines of 16 KiB for memory (20,000)"
     )
+    parser.add_argument(
+        "--huge-lines", type=int, default=300, help="lines of 1 MiB for memory (300)"
+    )
     parser.add_argument("--markdown", action="store_true", help="the tables in Markdown")
     parser.add_argument("--worker", action="store_true", help="one backend, JSON out")
     parser.add_argument("--memory", type=int, help="one memory figure, JSON out")
+    add_smoke(parser, reps=1, lines=500, clients="3", big_lines=100, huge_lines=5)
     args = parser.parse_args()
 
     if args.worker or args.memory is not None:
@@ -218,12 +227,8 @@ def main() -> None:
         return
 
     backends = BACKENDS if args.backend == "both" else (args.backend,)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(
-        f"# monitor: stuck clients during a flood  ({time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {load})"
-    )
-    print(f"# command: python bench/monitor.py {' '.join(sys.argv[1:])}".rstrip())
+    print_header("monitor: stuck clients during a flood", "monitor.py", ("anyio", "trio"))
+    print()
     header = ("backend", "measure", "measured", "baseline", "ratio", "target", "met")
     rows: list[tuple[str, ...]] = []
     for backend in backends:
@@ -241,11 +246,11 @@ def main() -> None:
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
         times = result["times"]
         memory = {}
-        for n in ["0", *args.clients.split(","), "-1"]:
+        for n in ["0", *args.clients.split(","), str(UNWATCHED), str(NO_MONITOR)]:
             out = subprocess.run(
                 [
                     *(sys.executable, __file__, "--memory", n, "--backend", backend),
-                    *("--big-lines", str(args.big_lines)),
+                    *("--big-lines", str(args.big_lines), "--huge-lines", str(args.huge_lines)),
                 ],
                 check=True,
                 capture_output=True,
@@ -276,18 +281,20 @@ def main() -> None:
                     f"peak growth, {args.big_lines:,} lines of 16 KiB, {n} stuck clients vs none",
                     f"{grown:.1f} MiB",
                     f"{memory['0']:.1f} MiB",
-                    f"+{grown - memory['0']:.1f} MiB",
+                    f"{grown - memory['0']:+.1f} MiB",
                     "bounded",
                     "",
                 )
             )
+        unwatched, bare = memory[str(UNWATCHED)], memory[str(NO_MONITOR)]
         rows.append(
             (
                 backend,
-                "peak growth, 300 lines of 1 MiB, a monitor nobody connects to",
-                f"{memory['-1']:.1f} MiB",
-                "",
-                "",
+                f"peak growth, {args.huge_lines:,} lines of 1 MiB, a monitor nobody connects to "
+                "vs no monitor",
+                f"{unwatched:.1f} MiB",
+                f"{bare:.1f} MiB",
+                f"{unwatched - bare:+.1f} MiB",
                 "bounded",
                 "",
             )

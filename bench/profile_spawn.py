@@ -14,6 +14,7 @@ Usage::
 
     python bench/profile_spawn.py                 # both backends
     python bench/profile_spawn.py --backend trio --reps 9 --top 30
+    python bench/profile_spawn.py --smoke         # tiny sizes: only checks that it runs (CI)
 
 To measure a modified copy of the package without touching ``src/``::
 
@@ -33,9 +34,8 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import spawn  # bench/spawn.py: the batches themselves
+import spawn  # bench/spawn.py: the batches themselves (bench/ is on sys.path)
+from _common import add_smoke, print_header
 
 _idle = [0.0]
 
@@ -168,11 +168,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    add_smoke(parser, n=10, reps=1, top=5)
     args = parser.parse_args()
-    import importlib.util
-
-    spec = importlib.util.find_spec("corral")
-    print(f"# corral from {os.path.dirname(spec.origin) if spec and spec.origin else '?'}")
+    if not args.one:
+        print_header("where the time of spawn.py (a) goes", "profile_spawn.py", ("anyio", "trio"))
     backends = ("asyncio", "trio") if args.backend == "both" else (args.backend,)
     if args.one or len(backends) == 1:
         import anyio

@@ -36,6 +36,7 @@ Usage::
     python bench/signals.py                  # 100 children, 7 repetitions, grace 0.5 s
     python bench/signals.py --markdown       # tables in Markdown for bench/RESULTS.md
     python bench/signals.py --children 200 --reps 11 --grace 1.0
+    python bench/signals.py --smoke          # tiny sizes: only checks that it runs (CI)
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import print_table, wait_all  # bench/ is on sys.path when a script runs
+from _common import add_smoke, print_header, print_table, unignore_sigint, wait_all
 
 TARGET_OVERHEAD = 0.150  # seconds
 
@@ -167,10 +168,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--grace", type=float, default=0.5)
     parser.add_argument("--markdown", action="store_true")
+    add_smoke(parser, children=5, reps=1, grace=0.2)
     args = parser.parse_args()
     n, grace = args.children, args.grace
-
-    import corral
+    print_header("corral signal fan-out benchmark", "signals.py", ("anyio", "trio"))
+    unignore_sigint()
 
     with tempfile.TemporaryDirectory() as tmp:
         scripts = {}
@@ -208,13 +210,13 @@ def main() -> None:
 
     med = {key: statistics.median(values) for key, values in times.items()}
     med_children = {key: statistics.median(values) for key, values in children_gone.items()}
-    ms = lambda seconds: f"{seconds * 1000:.1f} ms"  # noqa: E731
 
-    print(
-        f"# corral {corral.__version__} from {os.path.dirname(corral.__file__)}; "
-        f"Python {sys.version.split()[0]}; {n} children; grace {grace:g} s; "
-        f"median of {args.reps}"
-    )
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1000:.1f} ms"
+
+    print()
+    print(f"## SIGINT to a launcher with {n} children, grace {grace:g} s, median of {args.reps}")
+    print()
     rows = []
     for mode in ("obey", "ignore"):
         base = med[("popen+killpg", mode)]
@@ -235,7 +237,7 @@ def main() -> None:
                     f"{value / base:.2f}",
                     ms(med[(f"bare python/{backend}", "-")]),
                     target,
-                    "yes" if overhead < TARGET_OVERHEAD else "NO",
+                    "yes" if overhead < TARGET_OVERHEAD else "**NO**",
                 )
             )
     header = (

@@ -24,6 +24,7 @@ Usage::
     python bench/spawn.py                      # everything, both backends
     python bench/spawn.py --backend trio --reps 15 --targets ab
     python bench/spawn.py --markdown           # tables in Markdown (for RESULTS.md)
+    python bench/spawn.py --smoke              # tiny sizes: only checks that it runs (CI)
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _ticker import Ticker  # bench/ is on sys.path when a script runs
+from _common import add_smoke, format_table, print_header  # bench/ is on sys.path
+from _ticker import Ticker
 
 BACKENDS = ("asyncio", "trio")
 
@@ -231,15 +233,6 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.1f} ms"
 
 
-def _table(rows: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=(*BACKENDS, "both"), default="both")
@@ -251,6 +244,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--worker", choices=("timing", "memory"), help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=("raw", "corral"), help=argparse.SUPPRESS)
+    add_smoke(parser, n=10, reps=1, children=10, mem_reps=1)
     args = parser.parse_args()
     if args.worker:
         _worker_main(args)
@@ -259,21 +253,14 @@ def main() -> None:
     backends = BACKENDS if args.backend == "both" else (args.backend,)
     md = args.markdown
     med = statistics.median
-    print(
-        f"# corral core runner benchmarks  ({time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]})"
-    )
-    print(f"# command: python bench/spawn.py {' '.join(sys.argv[1:])}".rstrip())
-    import importlib.util
-
-    spec = importlib.util.find_spec("corral")
-    where = os.path.dirname(spec.origin) if spec and spec.origin else "?"
-    print(f"# corral measured: {where}")
+    print_header("corral core runner benchmarks", "spawn.py", ("anyio", "trio"))
     verdicts: list[str] = []
 
     if "a" in args.targets or "b" in args.targets:
-        rows = [["backend", "measure", "corral", "raw anyio", "ratio", "target", "met"]]
-        extra = [["backend", "runner open", "runner close", "idle ticker worst gap"]]
+        header = ["backend", "measure", "corral", "raw anyio", "ratio", "target", "met"]
+        rows: list[list[str]] = []
+        extra_header = ["backend", "runner open", "runner close", "idle ticker worst gap"]
+        extra: list[list[str]] = []
         for backend in backends:
             r = _run_worker(
                 "--worker",
@@ -296,7 +283,7 @@ def main() -> None:
                     _ms(rw),
                     f"{ratio:.2f}",
                     "<= 1.25",
-                    "yes" if ok_a else "NO",
+                    "yes" if ok_a else "**NO**",
                 ]
             )
             cs, rs = med(r["c_stall"]), med(r["raw_stall"])
@@ -309,7 +296,7 @@ def main() -> None:
                     _ms(rs),
                     f"{cs / rs:.2f}",
                     "<= 1.00",
-                    "yes" if ok_b else "NO",
+                    "yes" if ok_b else "**NO**",
                 ]
             )
             rows.append(
@@ -334,14 +321,15 @@ def main() -> None:
         print()
         print("## (a) wall time and (b) loop stall; corral and raw alternate in one process")
         print()
-        print(_table(rows, md))
+        print(format_table(header, rows, md))
         print()
         print("runner open/close overhead (medians), and the ticker's idle noise floor:")
         print()
-        print(_table(extra, md))
+        print(format_table(extra_header, extra, md))
 
     if "c" in args.targets:
-        rows = [["backend", "measure", "corral", "raw anyio", "ratio"]]
+        header = ["backend", "measure", "corral", "raw anyio", "ratio"]
+        rows = []
         for backend in backends:
             res: dict[str, list[dict[str, Any]]] = {"raw": [], "corral": []}
             for rep in range(args.mem_reps):
@@ -397,7 +385,7 @@ def main() -> None:
             f"(median of {args.mem_reps} fresh processes each)"
         )
         print()
-        print(_table(rows, md))
+        print(format_table(header, rows, md))
 
     if verdicts:
         print()
