@@ -75,7 +75,7 @@ from typing import IO
 import pytest
 from tests.helpers import reaper as _reaper
 
-__all__ = ["SlurmCluster", "SshHost", "SshHosts", "slurm_cluster", "ssh_hosts"]
+__all__ = ["SlurmCluster", "SshHost", "SshHosts", "slurm_cluster", "ssh_hosts", "start_ssh_hosts"]
 
 #: How long a daemon may take to say it is ready, and to exit once told to stop.
 DAEMON_DEADLINE = 10.0
@@ -306,7 +306,7 @@ def ssh_hosts() -> Iterator[SshHosts]:
     """Two SSH hosts in network namespaces; see :class:`SshHosts`."""
     _require_root("ssh_hosts needs root, to make network namespaces and run sshd in them")
     with contextlib.ExitStack() as undo:
-        yield _start_ssh_hosts(undo)
+        yield start_ssh_hosts(undo)
 
 
 @pytest.fixture(scope="session")
@@ -642,15 +642,33 @@ PrintLastLog no
 """
 
 
-def _start_ssh_hosts(undo: contextlib.ExitStack) -> SshHosts:
-    """Bring the hosts up, registering each undo step on ``undo`` as soon as it is needed."""
+def start_ssh_hosts(
+    undo: contextlib.ExitStack,
+    count: int = SSH_HOST_COUNT,
+    *,
+    netns_prefix: str = NETNS_PREFIX,
+    first_subnet: int = 1,
+    dir_prefix: str = SSH_DIR_PREFIX,
+) -> SshHosts:
+    """Bring ``count`` hosts up, registering each undo step on ``undo`` as soon as it is needed.
+
+    This is the ``ssh_hosts`` fixture's set-up, for scripts that need hosts outside pytest
+    (``bench/scale.py``): host ``i`` (from 1) is the namespace ``<netns_prefix><i>`` with the
+    subnet ``<SUBNET_PREFIX>.<first_subnet + i - 1>.0/24``, and the private directory is named
+    after ``dir_prefix``.  A script passes names and subnets of its own, so that it never meets
+    a test session's hosts of the same slot.  Anything that goes wrong raises pytest's
+    ``Failed`` (a :class:`BaseException`) with the daemons' output; leaving ``undo`` stops the
+    daemons and removes the namespaces, as does the session's reaper if the process dies first.
+    """
+    if count < 1 or first_subnet < 1 or first_subnet + count - 1 > 254:
+        raise ValueError(f"cannot make {count} hosts from subnet {first_subnet}")
     started = time.monotonic()
     sshd = _program("sshd")
     keygen = _program("ssh-keygen")
     _program("ssh")
     _program("ip")
 
-    workdir = _private_dir(SSH_DIR_PREFIX)
+    workdir = _private_dir(dir_prefix)
     _undo_later(undo, _reaper.session().directory(workdir), shutil.rmtree, workdir, True)
     client_key = workdir / "client_key"
     _run([keygen, "-q", "-t", "ed25519", "-N", "", "-C", "corral-tests", "-f", str(client_key)])
@@ -662,10 +680,11 @@ def _start_ssh_hosts(undo: contextlib.ExitStack) -> SshHosts:
     hosts: list[SshHost] = []
     daemons: list[_Daemon] = []
     deadline = time.monotonic() + DAEMON_DEADLINE
-    for index in range(1, SSH_HOST_COUNT + 1):
-        name = f"{NETNS_PREFIX}{index}"
-        address = f"{SUBNET_PREFIX}.{index}.2"
-        launcher_address = f"{SUBNET_PREFIX}.{index}.1"
+    for index in range(1, count + 1):
+        name = f"{netns_prefix}{index}"
+        subnet = f"{SUBNET_PREFIX}.{first_subnet + index - 1}"
+        address = f"{subnet}.2"
+        launcher_address = f"{subnet}.1"
         root_link = f"{name}r"
 
         _remove_netns(name, root_link)  # what a crashed session may have left
@@ -704,7 +723,7 @@ def _start_ssh_hosts(undo: contextlib.ExitStack) -> SshHosts:
     result = SshHosts(
         hosts=tuple(hosts),
         identity_file=client_key,
-        unreachable_address=f"{SUBNET_PREFIX}.1.254",
+        unreachable_address=f"{SUBNET_PREFIX}.{first_subnet}.254",
         setup_seconds=0.0,
     )
     # One real login per host, all at once, so that a key or configuration problem shows up

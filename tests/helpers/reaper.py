@@ -122,6 +122,18 @@ class Reaper:
         """What ``key`` registered has been undone by the session itself."""
         self._send({"op": "forget", "key": key})
 
+    def end(self, timeout: float = 3 * KILL_DEADLINE) -> None:
+        """End the session now, as its end would: the reaper undoes what is left, and exits.
+
+        For scripts that use the fixtures' set-up outside pytest (``bench/scale.py``), so that
+        the reaper is gone, its work done, before they exit.
+        """
+        self._link.close()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the reaper (pid {self.pid}) is still at work") from None
+
 
 _session: Reaper | None = None
 
@@ -132,6 +144,14 @@ def session() -> Reaper:
     if _session is None:
         _session = Reaper()
     return _session
+
+
+def end_session() -> None:
+    """End the session's reaper (see :meth:`Reaper.end`), if one was started."""
+    global _session
+    if _session is not None:
+        reaper, _session = _session, None
+        reaper.end()
 
 
 def wait_for_reaper_of(directory: Path, deadline: float) -> bool:
