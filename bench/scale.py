@@ -1,7 +1,7 @@
 """``Runner.launch`` over ssh on 2 to 16 hosts: what each agent costs the launcher.
 
 Issue 17, item 6.  Each host is a network namespace with its own ``sshd``, built
-by the test suite's own fixture code (``tests/_hosts.py``, ``start_ssh_hosts``:
+by the test suite's own fixture code (``tests/helpers/hosts.py``, ``start_ssh_hosts``:
 names ``corral<slot>-s<i>`` and subnets ``10.<213 + slot>.<100 + i>.0/24``, so a
 test session of the same ``CORRAL_TEST_SLOT`` is never disturbed).  For each
 host count N the launcher, a fresh interpreter, first launches once on one host
@@ -60,7 +60,7 @@ Usage (as root: namespaces and sshd)::
     python bench/scale.py --smoke             # N = 2, 1 worker, once (CI; a few seconds)
 
 Everything it starts (sshd, namespaces, links, agents, workers) is removed when
-it ends, however it ends: by ``tests/_hosts.py``'s teardown, and if the script
+it ends, however it ends: by ``tests/helpers/hosts.py``'s teardown, and if the script
 is killed, by the test suite's reaper process that it starts.
 """
 
@@ -83,7 +83,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import print_header, print_table  # bench/ is on sys.path when a script runs
+from _common import add_smoke, print_header, print_table  # bench/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOT = os.environ.get("CORRAL_TEST_SLOT", "0")
@@ -346,14 +346,12 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def drive(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
-    import _hosts
-    import _reaper
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers import hosts as _hosts
+    from tests.helpers import reaper as _reaper
 
     counts = sorted({int(x) for x in args.hosts.split(",")})
     print_header("corral launch over ssh: cost per agent", "scale.py", ["anyio", "trio"])
-    if args.smoke:
-        print("# SMOKE RUN: tiny sizes; the figures below mean nothing")
     print(
         f"# {max(counts)} hosts (network namespaces, one sshd each), {args.workers} worker(s) "
         f"per host, backend {args.backend}, {args.reps} launcher(s) per host count, "
@@ -529,12 +527,8 @@ def main() -> None:
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--start-timeout", type=float, default=120.0)
     parser.add_argument("--markdown", action="store_true")
-    parser.add_argument(
-        "--smoke", action="store_true", help="2 hosts, 1 worker, once (CI: it still works)"
-    )
+    add_smoke(parser, hosts="2", workers=1, reps=1, hold=0.0)
     args = parser.parse_args()
-    if args.smoke:
-        args.hosts, args.workers, args.reps, args.hold = "2", 1, 1, 0.0
     if os.geteuid() != 0:
         sys.exit("bench/scale.py needs root (network namespaces, sshd)")
     try:
