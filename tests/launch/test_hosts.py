@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -310,3 +311,18 @@ def test_a_signal_can_reach_the_tasks_without_killing_them(
     finally:
         srun.kill()
         srun.wait()
+
+
+def test_ssh_is_asked_only_about_names_this_machine_cannot_resolve(tmp_path: Path) -> None:
+    """``ssh -G`` once per unresolvable host, never for one the route lookup knows."""
+    from corral._launch._hosts import SSH, dial_back_addresses
+
+    calls = tmp_path / "calls"
+    fake_ssh = tmp_path / "ssh"
+    fake_ssh.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "hostname 127.0.0.1"\n')
+    fake_ssh.chmod(0o755)
+    ssh = SSH(executable=str(fake_ssh))
+    assert dial_back_addresses(["127.0.0.1", "localhost"], ssh) == ["127.0.0.1", "127.0.0.1"]
+    assert not calls.exists()  # both resolved here: no ssh at all
+    assert dial_back_addresses(["corral-alias.invalid"], ssh) == ["127.0.0.1"]
+    assert calls.read_text().split("\n")[:-1] == ["-G -- corral-alias.invalid"]

@@ -179,15 +179,11 @@ def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
     """
     found: list[str | None] = []
     for host in hosts:
-        address = None
-        for name in (host, _ssh_hostname(host, ssh)):
-            if name is None:
-                continue
-            try:
-                address = route_address(name)
-                break
-            except (OSError, UnicodeError, ValueError):  # not a name: ssh will say so
-                continue
+        address = _route_of(host)
+        if address is None:  # ssh -G only for a name this machine cannot resolve
+            alias = _ssh_hostname(host, ssh)
+            if alias is not None:
+                address = _route_of(alias)
         found.append(address)
     fallback = next((a for a in found if a is not None), None)
     if fallback is None:
@@ -196,6 +192,14 @@ def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
         except OSError:
             fallback = "127.0.0.1"
     return [a if a is not None else fallback for a in found]
+
+
+def _route_of(name: str) -> str | None:
+    """This machine's address on the route to ``name``; ``None`` if it is not a name here."""
+    try:
+        return route_address(name)
+    except (OSError, UnicodeError, ValueError):  # not a name: ssh will say so
+        return None
 
 
 def _ssh_hostname(host: str, ssh: SSH) -> str | None:
