@@ -29,6 +29,7 @@ __all__ = [
     "STDERR_TAIL_BYTES",
     "STDOUT",
     "DEFAULT_ENV_PATTERNS",
+    "HOST_ENV_NAMES",
     "SSH",
     "CompletedProcess",
     "ConsoleHandler",
@@ -67,6 +68,7 @@ _HOMES = {
     "STDERR_TAIL_BYTES": "_errors",
     "CompletedProcess": "_results",
     "DEFAULT_ENV_PATTERNS": "_launch._hosts",
+    "HOST_ENV_NAMES": "_launch._hosts",
     "SSH": "_launch._hosts",
     "LaunchError": "_errors",
     "LaunchOptions": "_launch._options",
@@ -128,7 +130,7 @@ if TYPE_CHECKING:
         WorkerFailed,
         WrongLoopError,
     )
-    from ._launch._hosts import DEFAULT_ENV_PATTERNS, SSH
+    from ._launch._hosts import DEFAULT_ENV_PATTERNS, HOST_ENV_NAMES, SSH
     from ._launch._options import LaunchOptions
     from ._logs._console import ConsoleHandler
     from ._logs._router import Route
