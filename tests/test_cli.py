@@ -1400,7 +1400,7 @@ def run_in_salloc(
     return subprocess.run(
         cluster.salloc_argv(*corral_argv(*args), ntasks_per_node=2),
         cwd=tmp_path,
-        env={**cluster.environ(), TAG_VAR: tag},
+        env={**cluster.environ(), TAG_VAR: tag, "OMP_NUM_THREADS": "1"},  # as environ()
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -596,6 +596,8 @@ def holds_a_lock() -> Callable[[], None]:
         "world-above-maximum",
         "start-timeout",
         "copy-env-string",
+        "forward-env-string",
+        "forward-env-not-a-glob",
         "unpicklable",
         "not-callable",
         "identity-file",
