@@ -613,3 +613,60 @@ def test_launching_shells_environment_reaches_every_slurm_rank(
     words = [line.split() for line in out.stdout.splitlines()]
     nodes = {int(p[1]): p[2] for p in words if p and p[0] == "node"}
     assert nodes == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, out.stdout
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_library_sets_omp_num_threads_with_one_warning(
+    tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runner.launch_command as corral run: 1 with a warning of the runner's, or the user's."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    script = [PY, "-c", "import os; print('omp', os.environ.get('OMP_NUM_THREADS', 'unset'))"]
+    for options, expected, warned in (
+        ({"workers_per_host": 2}, "1", True),
+        ({"workers_per_host": 2, "extra_env": {"OMP_NUM_THREADS": "3"}}, "3", False),
+        ({"workers_per_host": 1}, "unset", False),
+    ):
+        logs = ListHandler()
+        options["extra_env"] = {TAG_VAR: tag, **options.get("extra_env", {})}
+        async with corral.open_runner(name="omp", console=False, handlers=[logs]) as r:
+            await r.launch_command(script, **options)
+        said = [m for m in logs.messages("omp") if m.startswith("setting OMP_NUM_THREADS")]
+        assert said == (
+            [
+                "setting OMP_NUM_THREADS=1 for each worker, as torchrun does, to avoid "
+                "overloading the machine; set OMP_NUM_THREADS yourself to tune it"
+            ]
+            if warned
+            else []
+        ), logs.messages()
+        seen = [m for m in logs.messages() if m.startswith("omp ")]
+        assert seen == [f"omp {expected}"] * options["workers_per_host"], seen
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_error_file_on_a_remote_host_reaches_worker_failed(
+    ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str
+) -> None:
+    """The agent reads its worker's error file there, and the link brings it home."""
+    (tmp_path / "w.py").write_text(ERROR_FILE_WRITER)
+    ssh = corral.SSH(
+        user=ssh_hosts.user, identity_file=ssh_hosts.identity_file, options=ssh_hosts.ssh_options
+    )
+    async with corral.open_runner(name="ef", console=False) as r:
+        with pytest.raises(corral.WorkerFailed) as caught:
+            await r.launch_command(
+                [PY, str(tmp_path / "w.py"), "3"],
+                hosts=ssh_hosts.addresses[1:],
+                workers_per_host=2,
+                ssh=ssh,
+                extra_env={TAG_VAR: tag},
+            )
+    failed = caught.value
+    assert failed.rank == 1 and failed.host == ssh_hosts.addresses[1]
+    assert "exited with code 1: MyErr: boom xxx" in str(failed), str(failed)
+    assert failed.exc_type == "MyErr"
+    assert failed.remote_traceback.endswith("line 3, in main\nMyErr: boom\n")
