@@ -499,6 +499,31 @@ def test_env_flags_locally(tmp_path: Path, tag: str) -> None:
     assert out.stdout.splitlines().count("unset") == 2
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"A=" + b"x" * (1024 * 1024), "vars.env is larger than 1024 KiB"),
+        (b"A=\xe9\n", "vars.env, line 1: not UTF-8 text (byte 0xe9)"),
+        (None, "cannot read vars.env: No such file or directory"),
+    ],
+    ids=["over-1-MiB", "not-utf8", "missing"],
+)
+def test_a_bad_env_file_is_one_line_and_starts_nothing(
+    capfd: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    content: bytes | None,
+    says: str,
+) -> None:
+    """docs/howto/limits.rst: an --env-file is read as corral up reads .env, within 1 MiB."""
+    monkeypatch.chdir(tmp_path)
+    if content is not None:
+        (tmp_path / "vars.env").write_bytes(content)
+    code, err = usage(capfd, "run", "--env-file", "vars.env", "--", "touch", "started")
+    assert (code, err) == (2, f"corral: error: {says}\n")
+    assert not (tmp_path / "started").exists()
+
+
 def test_env_flag_needs_a_name(capfd: pytest.CaptureFixture[str]) -> None:
     code, err = usage(capfd, "run", "--env", "=value", "--", "true")
     assert code == 2

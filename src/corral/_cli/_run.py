@@ -142,6 +142,7 @@ class _Nproc(click.ParamType[int]):
     "--nproc_per_node",
     "nproc",
     type=_Nproc(),
+    metavar="N|auto",
     default=None,
     help="Copies of the command on each host (default: 1, or the tasks per node of "
     f"the Slurm allocation with --hosts slurm; at most {MAX_COPIES}).  auto: the GPUs "
