@@ -78,9 +78,18 @@ DELIBERATE = {
 }
 #: Set by torchrun in its own environment (its --signals-to-handle), which workers inherit.
 TORCHRUN_ONLY = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
+#: corral's word for torchrun's ``python -u`` (set for every child unless the user set it).
+CORRAL_ONLY = {"PYTHONUNBUFFERED"}
 
 #: What a torchrun user's shell does not have (a launcher nested in a launcher would).
-NOT_IN_THE_SHELL = ("OMP_NUM_THREADS", "TORCHELASTIC_", "TORCH_NCCL_", "ROLE_", "PET_")
+NOT_IN_THE_SHELL = (
+    "OMP_NUM_THREADS",
+    "TORCHELASTIC_",
+    "TORCH_NCCL_",
+    "ROLE_",
+    "PET_",
+    "PYTHONUNBUFFERED",
+)
 
 
 def shell_env(tag: str, **more: str) -> dict[str, str]:
@@ -132,7 +141,8 @@ def probe_both(tmp_path: Path, tag: str, **more: str) -> tuple[Any, Any, str, di
         shell,
     )
     assert torchrun.returncode == 0, torchrun.stderr
-    ours = run(corral_argv("run", "-n", "2", "--", PY, "probe.py", "corral"), tmp_path, shell)
+    # The same words: torchrun's script is corral run's command.
+    ours = run(corral_argv("run", "-n", "2", "probe.py", "corral"), tmp_path, shell)
     assert ours.returncode == 0, ours.stderr
 
     def load(who: str) -> list[dict[str, str]]:
@@ -151,7 +161,8 @@ def test_worker_environment_is_torchruns(tmp_path: Path, tag: str) -> None:
         t, c = added(theirs[rank], shell), added(ours[rank], shell)
         ours_only = {k for k in c if not k.startswith("CORRAL_")} - set(t)
         theirs_only = set(t) - set(c)
-        assert ours_only == set(), ours_only
+        assert ours_only == CORRAL_ONLY, ours_only
+        assert c["PYTHONUNBUFFERED"] == "1"
         assert theirs_only == TORCHRUN_ONLY, theirs_only
         assert set(t) - TORCHRUN_ONLY == TORCHRUN_VARIABLES
         for name in SAME_VALUE:
@@ -226,7 +237,7 @@ main()
 def test_record_error_reaches_the_failure_message(tmp_path: Path, tag: str) -> None:
     """torch's @record writes TORCHELASTIC_ERROR_FILE; corral's last line quotes it."""
     (tmp_path / "rec.py").write_text(RECORD)
-    out = run(corral_argv("run", "-n", "2", "--", PY, "rec.py"), tmp_path, shell_env(tag))
+    out = run(corral_argv("run", "-n", "2", "rec.py"), tmp_path, shell_env(tag))
     assert out.returncode == 1, out.stderr
     last = [line for line in (out.stdout + out.stderr).splitlines() if "rank 1 on host" in line]
     assert last and "exited with code 1: MyErr: boom from rank 1 x=42" in last[-1], out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -252,9 +253,11 @@ def run(
     LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
     TORCHELASTIC_ERROR_FILE..., and OMP_NUM_THREADS=1 unless it is set.
     Copies on other hosts get this shell's environment too, but for
-    host-specific names (HOME, USER, SSH_*...).  The exit code is 0 when every
-    copy succeeded, otherwise the first failure's (128 + N for a signal N);
-    130 after Ctrl-C.  Put the command after "--" (or after the options).
+    host-specific names (HOME, USER, SSH_*...).  A COMMAND that starts with a
+    .py file runs it with this Python, as torchrun runs its script.  The exit
+    code is 0 when every copy succeeded, otherwise the first failure's
+    (128 + N for a signal N); 130 after Ctrl-C.  Put the command after "--"
+    (or after the options).
     """
     del standalone  # one corral run starts every worker itself: nothing to stand alone from
     if restart == "never" and max_restarts is not None:
@@ -297,8 +300,12 @@ def run(
 
         say(f"corral: {OMP_NOTICE}")
         extra_env["OMP_NUM_THREADS"] = "1"
+    argv = list(command)
+    if argv[0].endswith(".py"):
+        # torchrun's TRAINING_SCRIPT: a Python script, run with this Python.
+        argv.insert(0, sys.executable)
     job = _RunJob(
-        list(command),
+        argv,
         nproc,
         host_list,
         ssh,
