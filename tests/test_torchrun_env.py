@@ -39,6 +39,8 @@ import json, os, sys
 out = os.path.join(os.environ["PROBE_OUT"], f"{sys.argv[1]}-{os.environ['RANK']}.json")
 with open(out, "w") as f:
     json.dump(dict(os.environ), f)
+with open(out + ".session", "w") as f:
+    f.write(str(os.getsid(0) == os.getpid()))
 """
 
 #: What a worker's environment has that the launching shell's has not (or has otherwise),
@@ -148,6 +150,11 @@ def probe_both(tmp_path: Path, tag: str, **more: str) -> tuple[Any, Any, str, di
     def load(who: str) -> list[dict[str, str]]:
         return [json.loads((tmp_path / f"{who}-{rank}.json").read_text()) for rank in (0, 1)]
 
+    # Each worker leads a session of its own under both (what the CPU scheduler's
+    # autogroups share fairly on a busy machine: bench/omp.py).
+    for who in ("torchrun", "corral"):
+        for rank in (0, 1):
+            assert (tmp_path / f"{who}-{rank}.json.session").read_text() == "True", who
     return load("torchrun"), load("corral"), ours.stderr, shell
 
 

@@ -38,7 +38,16 @@ class Reporter(Protocol):
 
 
 class HostWorkers:
-    """The workers of one host, in a runner (the launcher's, or an agent's)."""
+    """The workers of one host, in a runner (the launcher's, or an agent's).
+
+    Each worker leads a session of its own, as torchrun's do
+    (``start_new_session=True``): with the kernel's autogroup scheduling, a
+    session is a group that shares the CPU fairly with every other session,
+    so workers in the launcher's own session would share one session's CPU
+    time on a busy machine (the ``import torch`` of four workers took twice
+    as long on a loaded host).  Their process groups are stopped as any
+    child's.
+    """
 
     def __init__(
         self,
@@ -132,6 +141,7 @@ class HostWorkers:
             cwd=self._cwd,
             check=False,
             grace=job.grace,
+            start_new_session=True,
         )
         return proc
 
@@ -162,6 +172,7 @@ class HostWorkers:
                 pass_fds=(write_end,),
                 check=False,
                 grace=job.grace,
+                start_new_session=True,
             )
         except BaseException:
             os.close(read_end)
