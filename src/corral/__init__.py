@@ -31,6 +31,7 @@ __all__ = [
     "STDERR_TAIL_BYTES",
     "STDOUT",
     "DEFAULT_ENV_PATTERNS",
+    "HOST_ENV_NAMES",
     "SSH",
     "CompletedProcess",
     "ConsoleHandler",
@@ -69,6 +70,7 @@ _HOMES = {
     "STDERR_TAIL_BYTES": "_errors",
     "CompletedProcess": "_results",
     "DEFAULT_ENV_PATTERNS": "_launch._hosts",
+    "HOST_ENV_NAMES": "_launch._hosts",
     "SSH": "_launch._hosts",
     "LaunchError": "_errors",
     "LaunchOptions": "_launch._options",
@@ -155,7 +157,7 @@ if TYPE_CHECKING:
         WorkerFailed,
         WrongLoopError,
     )
-    from ._launch._hosts import DEFAULT_ENV_PATTERNS, SSH
+    from ._launch._hosts import DEFAULT_ENV_PATTERNS, HOST_ENV_NAMES, SSH
     from ._launch._options import LaunchOptions
     from ._logs._console import ConsoleHandler
     from ._logs._router import Route

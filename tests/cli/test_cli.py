@@ -71,8 +71,14 @@ def corral_argv(*args: str) -> list[str]:
 
 
 def environ(tag: str | None = None, **more: str) -> dict[str, str]:
-    """This process's environment, without NO_COLOR, with the tag and ``more``."""
+    """This process's environment, without NO_COLOR, with the tag and ``more``.
+
+    OMP_NUM_THREADS is set, as a user who tuned it has it: ``corral run -n 2``
+    would otherwise say on stderr that it sets it (tests/test_torchrun_env.py
+    checks that notice), and these tests read stderr line by line.
+    """
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env.setdefault("OMP_NUM_THREADS", "1")
     if tag is not None:
         env[TAG_VAR] = tag
     return env | more
@@ -1398,7 +1404,7 @@ def run_in_salloc(
     return subprocess.run(
         cluster.salloc_argv(*corral_argv(*args), ntasks_per_node=2),
         cwd=tmp_path,
-        env={**cluster.environ(), TAG_VAR: tag},
+        env={**cluster.environ(), TAG_VAR: tag, "OMP_NUM_THREADS": "1"},  # as environ()
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -582,6 +582,8 @@ def holds_a_lock() -> Callable[[], None]:
         ),
         ({"start_timeout": 0}, ValueError, "start_timeout"),
         ({"copy_env": "HOME"}, TypeError, "copy_env"),
+        ({"forward_env": "HOME"}, TypeError, "forward_env"),
+        ({"forward_env": ["PATH", 3]}, TypeError, "forward_env"),
         ({"func": holds_a_lock()}, TypeError, r"cannot send .*_thread\.lock"),
         ({"func": 42}, TypeError, "callable"),
         (
@@ -614,6 +616,8 @@ def holds_a_lock() -> Callable[[], None]:
         "world-above-maximum",
         "start-timeout",
         "copy-env-string",
+        "forward-env-string",
+        "forward-env-not-a-glob",
         "unpicklable",
         "not-callable",
         "identity-file",
@@ -692,6 +696,8 @@ async def test_two_hosts_results_environment_and_logs(
             hosts=hosts,
             workers_per_host=[2, 3],
             ssh=ssh_for(ssh_hosts),
+            # corral's former rule: the default patterns, and copy_env's globs.
+            forward_env=corral.DEFAULT_ENV_PATTERNS,
             copy_env=["CORRALAPP_*", "CORRALTEST_DROPPED2"],
             extra_env={TAG_VAR: tag, "CORRALTEST_EXTRA": "extra", "CORRALTEST_DROPPED2": None},
         )

@@ -142,6 +142,8 @@ def output_options(func: Any) -> Any:
         [
             click.option(
                 "--log-dir",
+                "--log_dir",
+                "log_dir",
                 type=click.Path(file_okay=False),
                 help="Also write every line to files in a timestamped folder under this one.",
             ),

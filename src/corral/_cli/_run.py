@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
 
-from .._launch._hosts import MAX_WORKERS
+from .._launch._hosts import MAX_WORKERS, workers_here
 from .._launch._options import DEFAULT_LINK_TIMEOUT
 from ._group import (
     CONTEXT,
     MAX_COPIES,
     Output,
     check_link_timeout,
+    is_text,
     output_options,
     run_name,
     text_option,
 )
-from ._io import exit_code
+from ._io import exit_code, say, shorten
 from ._loop import Status, main_loop
+from ._procfile import EnvFileError, parse_env_file, read_input_file
 
 if TYPE_CHECKING:
     from corral import SSH, Runner
@@ -34,22 +39,115 @@ Examples:
   corral run -n 4 -- python train.py --epochs 3
   corral run -n 8 --hosts node1,node2 -- python train.py
   corral run --hosts slurm -- python train.py        (inside salloc/sbatch)
-  corral run -n 2 --restart on-failure --max-restarts 3 -- ./worker.sh
+  corral run -n 2 --max-restarts 3 -- ./worker.sh     (restarts on failure)
+  corral run -n auto --env DATASET_SIZE=256 -- python train.py
 """
+
+#: torchrun's flags that corral has no flag for, and what to do instead (each
+#: spelling: torchrun takes ``--a-b`` and ``--a_b`` alike).
+TORCHRUN_FLAGS: dict[str, str] = {
+    "--nnodes": "give the hosts instead: --hosts H1,H2 (or --hosts slurm); one corral run "
+    "starts the workers of every host",
+    "--node-rank": "one corral run starts every host's workers: give them all with --hosts "
+    "H1,H2 (or --hosts slurm)",
+    "--master-addr": "corral sets MASTER_ADDR (the first host) itself",
+    "--master-port": "corral picks a free MASTER_PORT itself",
+    "--rdzv-backend": "there is no rendezvous: corral starts every worker itself (--hosts for "
+    "several hosts)",
+    "--rdzv-endpoint": "there is no rendezvous: corral starts every worker itself (--hosts for "
+    "several hosts)",
+    "--rdzv-id": "there is no rendezvous: corral makes TORCHELASTIC_RUN_ID itself",
+    "--rdzv-conf": "there is no rendezvous: corral starts every worker itself",
+    "--monitor-interval": "corral does not poll: a worker's exit is seen at once",
+    "--redirects": "every line is shown with its source, and --log-dir also writes each "
+    "source's lines to files",
+    "-r": "every line is shown with its source, and --log-dir also writes each source's "
+    "lines to files",
+    "--tee": "every line is shown with its source, and --log-dir also writes each source's "
+    "lines to files",
+    "-t": "every line is shown with its source, and --log-dir also writes each source's lines "
+    "to files",
+    "--role": "ROLE_NAME is 'default'; pass settings of your own with --env NAME=VALUE",
+    "--local-addr": "agents dial back to this machine's address on the route to each host",
+    "--start-method": "each worker runs the command as a process of its own",
+    "--shutdown-timeout": "use --grace SECONDS (the time between the stop signal and SIGKILL)",
+    "--signals-to-handle": "corral stops every worker on SIGINT, SIGTERM and SIGHUP",
+    "-m": "put the module in the command: corral run -- python -m MODULE",
+    "--module": "put the module in the command: corral run -- python -m MODULE",
+    "--no-python": "corral runs the command as given: corral run -- ./program",
+    "--run-path": "give the interpreter: corral run -- python SCRIPT",
+    "--event-log-handler": "corral's own records go to its console and --log-dir",
+    "--logs-specs": "--log-dir writes each source's lines to files",
+    "--numa-binding": "bind in the command itself: corral run -- numactl ... python SCRIPT",
+    "--virtual-local-rank": "set CUDA_VISIBLE_DEVICES in the command from LOCAL_RANK",
+    "--duplicate-stdout-filters": "--log-dir writes every line to files: grep them",
+    "--duplicate-stderr-filters": "--log-dir writes every line to files: grep them",
+}
+
+
+def torchrun_hint(option: str) -> str | None:
+    """The one-line answer to torchrun's ``option`` (either spelling), if corral has none."""
+    name = option.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    why = TORCHRUN_FLAGS.get(name)
+    if why is None:
+        return None
+    return f"{option.split('=', 1)[0]} is a torchrun option that corral run does not have; {why}"
+
+
+class _RunCommand(click.Command):
+    """``corral run``: an option of torchrun's that corral lacks says what to do instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            hint = torchrun_hint(exc.option_name)
+            if hint is None:
+                raise
+            raise click.UsageError(hint, ctx) from None
+
+
+class _Nproc(click.ParamType[int]):
+    """``-n``: a number of copies, or torchrun's ``auto``, ``cpu`` or ``gpu``."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text in ("auto", "cpu", "gpu"):
+            try:
+                return workers_here(text)
+            except ValueError as exc:
+                self.fail(f"{text}: {exc}", param, ctx)
+        try:
+            number = int(text)
+        except ValueError:
+            self.fail(f"{shorten(text)} is not a number of copies, auto, cpu or gpu", param, ctx)
+        if not 1 <= number <= MAX_COPIES:
+            self.fail(f"{number} is not in the range 1<=x<={MAX_COPIES}", param, ctx)
+        return number
 
 
 @click.command(
+    cls=_RunCommand,
     context_settings={**CONTEXT, "allow_interspersed_args": False},
     epilog=_EXAMPLES_RUN,
 )
 @click.option(
     "-n",
     "--nproc-per-node",
+    "--nproc_per_node",
     "nproc",
-    type=click.IntRange(min=1, max=MAX_COPIES),
+    type=_Nproc(),
+    metavar="N|auto",
     default=None,
     help="Copies of the command on each host (default: 1, or the tasks per node of "
-    f"the Slurm allocation with --hosts slurm; at most {MAX_COPIES}).",
+    f"the Slurm allocation with --hosts slurm; at most {MAX_COPIES}).  auto: the GPUs "
+    "visible here, else the CPUs this process may use; cpu, gpu: those alone (torchrun's words).",
 )
 @click.option(
     "--hosts",
@@ -67,16 +165,40 @@ Examples:
 @click.option(
     "--restart",
     type=click.Choice(["never", "on-failure"]),
-    default="never",
-    show_default=True,
-    help="Restart the whole group of workers when one fails, as torchrun does.",
+    default=None,
+    help="Restart the whole group of workers when one fails, as torchrun does "
+    "(default: never; on-failure with --max-restarts).",
 )
 @click.option(
     "--max-restarts",
+    "--max_restarts",
+    "max_restarts",
     type=click.IntRange(min=0),
-    default=3,
-    show_default=True,
-    help="Restarts allowed with --restart on-failure.",
+    default=None,
+    help="Restart on failure up to this many times, as torchrun does "
+    "(3 with --restart on-failure alone).",
+)
+@click.option(
+    "--env",
+    "env_vars",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="A variable for every worker on every host (repeatable); NAME alone passes this "
+    "shell's value, if it has one.",
+)
+@click.option(
+    "--env-file",
+    "env_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="The variables of a .env file for every worker, read as corral up reads .env "
+    "(repeatable; --env wins).",
+)
+@click.option(
+    "--standalone",
+    is_flag=True,
+    help="Accepted for torchrun's sake, and changes nothing: corral needs no rendezvous.",
 )
 @click.option(
     "--link-timeout",
@@ -108,8 +230,11 @@ def run(
     nproc: int | None,
     hosts: str | None,
     name: str,
-    restart: str,
-    max_restarts: int,
+    restart: str | None,
+    max_restarts: int | None,
+    env_vars: tuple[str, ...],
+    env_files: tuple[str, ...],
+    standalone: bool,
     link_timeout: float,
     ssh_user: str | None,
     ssh_identity: str | None,
@@ -124,11 +249,26 @@ def run(
 ) -> None:
     """Run COMMAND NPROC times per host, as torchrun would, and show every line.
 
-    Each copy gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-    MASTER_ADDR and MASTER_PORT.  The exit code is 0 when every copy
-    succeeded, otherwise the first failure's (128 + N for a signal N); 130
-    after Ctrl-C.  Put the command after "--" (or after the options).
+    Each copy gets torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+    TORCHELASTIC_ERROR_FILE..., and OMP_NUM_THREADS=1 unless it is set.
+    Copies on other hosts get this shell's environment too, but for
+    host-specific names (HOME, USER, SSH_*...).  A COMMAND that starts with a
+    .py file runs it with this Python, as torchrun runs its script.  The exit
+    code is 0 when every copy succeeded, otherwise the first failure's
+    (128 + N for a signal N); 130 after Ctrl-C.  Put the command after "--"
+    (or after the options).
     """
+    del standalone  # one corral run starts every worker itself: nothing to stand alone from
+    if restart == "never" and max_restarts is not None:
+        raise click.UsageError(
+            "--max-restarts restarts on failure: it cannot go with --restart never"
+        )
+    if max_restarts is not None:
+        restart = "on-failure"
+    elif restart == "on-failure":
+        max_restarts = 3
+    extra_env = _extra_env(env_files, env_vars)
     host_list: list[str] | str | None = None
     if hosts is not None:
         host_list = "slurm" if hosts == "slurm" else [h for h in hosts.split(",") if h]
@@ -154,8 +294,46 @@ def run(
         except (RuntimeError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
     output = Output.of(log_dir, no_prefix, no_color, no_status, monitor)
-    job = _RunJob(list(command), nproc, host_list, ssh, restart, max_restarts, grace, link_timeout)
+    if (nproc or 1) > 1 and "OMP_NUM_THREADS" not in os.environ | extra_env:
+        # As torchrun does, and says: once, before anything starts.
+        from .._launch._torchenv import OMP_NOTICE
+
+        say(f"corral: {OMP_NOTICE}")
+        extra_env["OMP_NUM_THREADS"] = "1"
+    argv = list(command)
+    if argv[0].endswith(".py"):
+        # torchrun's TRAINING_SCRIPT: a Python script, run with this Python.
+        argv.insert(0, sys.executable)
+    job = _RunJob(
+        argv,
+        nproc,
+        host_list,
+        ssh,
+        restart or "never",
+        max_restarts or 0,
+        grace,
+        link_timeout,
+        extra_env,
+    )
     main_loop(name, output, job)
+
+
+def _extra_env(env_files: tuple[str, ...], env_vars: tuple[str, ...]) -> dict[str, str]:
+    """What ``--env-file`` and ``--env`` give every worker, in order (the last one wins)."""
+    env: dict[str, str] = {}
+    for path in env_files:
+        env.update(parse_env_file(read_input_file(path, EnvFileError), path))
+    for item in env_vars:
+        name, equals, value = item.partition("=")
+        if not name or "\0" in item or not is_text(name):
+            raise click.BadParameter(
+                f"{shorten(item)} is not NAME or NAME=VALUE", param_hint="--env"
+            )
+        if equals:
+            env[name] = value
+        elif name in os.environ:
+            env[name] = os.environ[name]  # NAME alone: this shell's value, as docker's -e NAME
+    return env
 
 
 @dataclass
@@ -168,6 +346,9 @@ class _RunJob:
     max_restarts: int
     grace: float
     link_timeout: float
+    extra_env: dict[str, str] = field(default_factory=dict)
+    #: The run's id for every attempt, as torchrun keeps one across restarts.
+    run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     @property
     def programs(self) -> list[str]:
@@ -181,11 +362,18 @@ class _RunJob:
 
         attempt = 0
         while True:
+            env = {
+                **self.extra_env,
+                "TORCHELASTIC_RUN_ID": self.run_id,
+                "TORCHELASTIC_RESTART_COUNT": str(attempt),
+                "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
+            }
             try:
                 await r.launch_command(
                     self.argv,
                     hosts=self.hosts,
                     workers_per_host=self.nproc,
+                    extra_env=env,
                     ssh=self.ssh,
                     grace=self.grace,
                     link_timeout=self.link_timeout,

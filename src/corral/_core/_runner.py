@@ -366,7 +366,7 @@ class Runner:
         listing each host's in local-rank order.  Each worker is a fresh
         Python process with the environment torchrun gives (``RANK``,
         ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
-        ``MASTER_ADDR``, ``MASTER_PORT``), so
+        ``MASTER_ADDR``, ``MASTER_PORT``...: :doc:`howto/switching`), so
         ``torch.distributed.init_process_group("gloo")`` needs no arguments.
         Its stdout, stderr and :mod:`logging` records reach this runner under
         the source ``<runner>.agent-<i>.worker-<j>``, with no set-up code in
@@ -387,8 +387,8 @@ class Runner:
                 host and 65536 in all (``MAX_WORKERS_PER_HOST``,
                 ``MAX_WORKERS``).
             extra_env: variables for every worker (``None`` removes one).
-            copy_env: globs of the launcher's variables that remote workers
-                get on top of the default set (see :data:`corral.DEFAULT_ENV_PATTERNS`).
+            forward_env: ``"all"`` (but :data:`corral.HOST_ENV_NAMES`) or globs.
+            copy_env: globs forwarded on top, host-specific names included.
             ssh: how to reach remote hosts (an :class:`SSH`); user, port,
                 identity file, extra options, the remote Python and directory.
             launcher_address: the address agents dial back to; by default each

@@ -10,8 +10,9 @@ worker's outcome; when the launch is over),
 (one host's workers in a runner), ``_agent`` (``python -m corral._agent`` on
 each remote host), ``_worker`` (``python -m corral._worker``, one worker:
 standard library, msgspec and :mod:`corral.child` only), ``_link`` (what goes
-over the link between a launcher and its agents) and ``_hosts`` (ssh, Slurm,
-the environment of remote workers).
+over the link between a launcher and its agents), ``_hosts`` (ssh, Slurm,
+the environment of remote workers) and ``_torchenv`` (the variables torchrun
+gives its workers, and their error files).
 
-Public face: _options, _context, _launcher, _hosts, _agent, _worker
+Public face: _options, _context, _launcher, _hosts, _agent, _worker, _torchenv
 """

@@ -65,6 +65,7 @@ class StartFn(Protocol):
         grace: float | None = ...,
         stdin: int = ...,
         pass_fds: Collection[int] = ...,
+        start_new_session: bool = ...,
     ) -> Awaitable[WorkerProcess]: ...
 
 

@@ -25,6 +25,7 @@ class Failure:
     returncode: int | None = None
     stderr: bytes = b""
     lost: str | None = None  # the agent was lost: why
+    error_file: tuple[str, str] = ("", "")  # what its TORCHELASTIC_ERROR_FILE said
 
 
 class Coordinator:
@@ -93,6 +94,7 @@ class Coordinator:
                 message.local_rank,
                 returncode=message.returncode,
                 stderr=message.stderr,
+                error_file=(message.error, message.traceback),
             )
         )
 
@@ -132,6 +134,9 @@ class Coordinator:
             how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
             tail = failure.stderr.decode("utf-8", "replace").rstrip()
             message = f"worker {where} {how}" + ("" if self.plan.argv else " without an exception")
+            said, traceback = failure.error_file
+            if said:  # torch's @record wrote its exception to TORCHELASTIC_ERROR_FILE
+                message += f": {said}"
             if tail:
                 message += "; last stderr lines:\n" + "\n".join(
                     "  " + line for line in tail.splitlines()[-10:]
@@ -143,6 +148,8 @@ class Coordinator:
                 local_rank=failure.local_rank,
                 returncode=code,
                 stderr=failure.stderr,
+                exc_type=said.partition(":")[0] if said and traceback else None,
+                remote_traceback=traceback,
             )
         if error.payload is not None:
             try:

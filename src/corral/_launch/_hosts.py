@@ -11,12 +11,16 @@
   $SLURM_JOB_NODELIST``), with one agent per node started by a single
   ``srun --ntasks-per-node=1`` step, which Slurm fans out.
 
-**The environment** reaches remote workers by rule, not by luck: the
-launcher's variables that match :data:`DEFAULT_ENV_PATTERNS` (the search
-paths, the virtual environment, CUDA, NCCL, Torch, OpenMP...) or a
-``copy_env=`` glob are sent to every agent, and ``extra_env=`` is laid over
-them.  Workers on this machine inherit the launcher's whole environment, plus
-``extra_env``.
+**The environment** reaches remote workers as ``srun --export=ALL`` sends
+it: every variable of the launcher but those that describe the launcher's own
+host, login or terminal (:data:`HOST_ENV_NAMES`: ``HOME``, ``USER``,
+``SHELL``, ``PWD``, ``SSH_*``, ``DISPLAY``, ``SLURM_*``...), which the remote
+side has values of its own for.  ``forward_env=`` narrows that to a list of
+globs (``forward_env=DEFAULT_ENV_PATTERNS`` is corral's former rule: the
+search paths, the virtual environment, CUDA, NCCL, Gloo, Torch,
+OpenMP...), ``copy_env=`` globs are forwarded on top, even names of
+:data:`HOST_ENV_NAMES`, and ``extra_env=`` is laid over them all.  Workers on
+this machine inherit the launcher's whole environment, plus ``extra_env``.
 """
 
 from __future__ import annotations
@@ -34,15 +38,21 @@ from typing import Final
 
 __all__ = [
     "DEFAULT_ENV_PATTERNS",
+    "HOST_ENV_NAMES",
     "MAX_WORKERS",
     "MAX_WORKERS_PER_HOST",
     "SSH",
+    "check_forward_env",
+    "cpus_available",
     "dial_back_addresses",
     "environment_for_hosts",
+    "forwarded",
     "free_port",
     "route_address",
     "slurm_hosts",
     "slurm_workers_per_host",
+    "visible_gpus",
+    "workers_here",
 ]
 
 #: The most workers of a launch on one host (``workers_per_host``; the
@@ -52,7 +62,37 @@ MAX_WORKERS_PER_HOST: Final = 4096
 #: The most workers of a launch, all hosts together (``WORLD_SIZE``).
 MAX_WORKERS: Final = 65536
 
-#: Variables of the launcher that every remote worker gets (shell-style globs).
+#: The variables of the launcher that describe its own host, login, session
+#: or terminal (shell-style globs): never forwarded to other hosts, which have
+#: values of their own (``srun --export=ALL`` sends them, and a remote
+#: ``HOME`` or ``USER`` then names the launcher's).  ``CORRAL_*`` variables
+#: are corral's own contract with each child and are never forwarded either.
+HOST_ENV_NAMES: Final[tuple[str, ...]] = (
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PWD",
+    "OLDPWD",
+    "HOSTNAME",
+    "SHLVL",
+    "_",
+    "MAIL",
+    "SSH_*",
+    "DISPLAY",
+    "XAUTHORITY",
+    "XDG_*",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "TMUX",
+    "TMUX_PANE",
+    "STY",
+    "WINDOWID",
+    "SLURM_*",
+    "SLURMD_*",
+)
+
+#: Variables of the launcher that remote workers get with ``forward_env=DEFAULT_ENV_PATTERNS``
+#: (shell-style globs): what corral forwarded before it forwarded everything.
 DEFAULT_ENV_PATTERNS: Final[tuple[str, ...]] = (
     "PATH",
     "PYTHONPATH",
@@ -67,6 +107,7 @@ DEFAULT_ENV_PATTERNS: Final[tuple[str, ...]] = (
     "TZ",
     "CUDA*",
     "NCCL*",
+    "GLOO_*",
     "TORCH*",
     "OMP_*",
     "MKL_*",
@@ -138,22 +179,50 @@ class SSH:
 
 
 def environment_for_hosts(
-    copy_env: Sequence[str], extra_env: Mapping[str, str | None] | None
+    forward_env: str | Sequence[str],
+    copy_env: Sequence[str],
+    extra_env: Mapping[str, str | None] | None,
 ) -> dict[str, str | None]:
-    """The variables every remote worker gets: by pattern, then ``extra_env``.
+    """The variables every remote worker gets: forwarded, then ``extra_env``.
 
+    ``forward_env`` is ``"all"`` (every variable but :data:`HOST_ENV_NAMES`)
+    or globs; the launcher's variables matching a ``copy_env`` glob come too.
     A ``None`` value stays in the result: the remote side removes that
     variable from whatever environment the agent found there.
     """
-    patterns = (*DEFAULT_ENV_PATTERNS, *copy_env)
+    copied = tuple(copy_env)
     env: dict[str, str | None] = {
         name: value
         for name, value in os.environ.items()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-        and not name.startswith("CORRAL_")
+        if not name.startswith("CORRAL_")
+        and (forwarded(name, forward_env) or _matches(name, copied))
     }
     env.update(extra_env or {})
     return env
+
+
+def forwarded(name: str, forward_env: str | Sequence[str]) -> bool:
+    """Whether ``forward_env`` (``"all"``, or globs) forwards the launcher's variable ``name``."""
+    if forward_env == "all":
+        return not _matches(name, HOST_ENV_NAMES)
+    return _matches(name, forward_env)
+
+
+def check_forward_env(forward_env: object) -> str | tuple[str, ...]:
+    """``forward_env`` if it is ``"all"`` or a sequence of globs (a tuple then); else an error."""
+    if forward_env == "all":
+        return "all"
+    if isinstance(forward_env, str) or not isinstance(forward_env, Sequence):
+        raise TypeError(f'forward_env must be "all" or a sequence of globs, not {forward_env!r}')
+    globs = tuple(forward_env)
+    for glob in globs:
+        if not isinstance(glob, str):
+            raise TypeError(f"forward_env: {glob!r} is not a glob (a string)")
+    return globs
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def route_address(host: str) -> str:
@@ -270,3 +339,61 @@ def free_port(host: str) -> int:
         probe.bind((host, 0))
         port: int = probe.getsockname()[1]
     return port
+
+
+def cpus_available() -> int:
+    """The CPUs this process may run on (its affinity: taskset, a cpuset), as torch counts."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - Linux has it
+        return os.cpu_count() or 1
+
+
+def visible_gpus() -> int:
+    """The CUDA devices this process may use: what ``torch.cuda.device_count()`` says.
+
+    Without an NVIDIA driver (no ``/proc/driver/nvidia/gpus``) that is 0, and
+    torch is not even imported.  With one, torch answers if it is installed;
+    otherwise the driver's devices, as ``CUDA_VISIBLE_DEVICES`` narrows them
+    (its entries up to the first that names no device).
+    """
+    try:
+        devices = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        return int(torch.cuda.device_count())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return devices
+    count = 0
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if (entry.isdigit() and int(entry) < devices) or entry.startswith(("GPU-", "MIG-")):
+            count += 1
+        else:
+            break
+    return min(count, devices)
+
+
+def workers_here(spec: str) -> int:
+    """``torchrun --nproc-per-node``'s words, counted on this machine.
+
+    ``"auto"``: the visible GPUs if there are any, else the CPUs this process
+    may use; ``"cpu"``: those CPUs; ``"gpu"``: the visible GPUs (a
+    ``ValueError`` if there are none).
+    """
+    if spec == "cpu":
+        return cpus_available()
+    if spec == "gpu":
+        gpus = visible_gpus()
+        if not gpus:
+            raise ValueError("no CUDA device is visible here")
+        return gpus
+    if spec == "auto":
+        return visible_gpus() or cpus_available()
+    raise ValueError(f"{spec!r} is not auto, cpu or gpu")

@@ -84,6 +84,8 @@ async def launch(
 ) -> LaunchResult[T]:
     """Run ``func(*args)``, or the command ``argv``, on the workers of ``spec``, in ``ctx``."""
     plan = make_plan(ctx.grace, spec)
+    for notice in plan.notices:
+        ctx.logs.warn(notice)
     if argv is not None:
         plan.argv = check_argv(argv)
         payload = b""

@@ -60,7 +60,8 @@ Agent to launcher:
     a worker's return value (pickled), or its exception (pickled if it
     survives a round trip, else boxed: type name, message, traceback text).
 ``WorkerExit``
-    a worker's process has exited (return code, stderr tail).
+    a worker's process has exited (return code, stderr tail, and what its
+    error file says, if it wrote one).
 ``Stopping``
     the agent stops its workers on its own, and says why (under ssh: its
     standard input, the ssh client's pipe, was closed).
@@ -215,6 +216,8 @@ class WorkerExit(msgspec.Struct, tag="exit", array_like=True, frozen=True):
     pid: int
     returncode: int
     stderr: bytes
+    error: str = ""  # what its TORCHELASTIC_ERROR_FILE says: "Type: message"
+    traceback: str = ""  # and the traceback there
     duration: float = 0.0  # seconds from spawn to exit
 
 

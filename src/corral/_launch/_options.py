@@ -40,6 +40,7 @@ class LaunchOptions(TypedDict, total=False):
     hosts: Sequence[str] | str | None
     workers_per_host: int | Sequence[int] | None
     extra_env: Mapping[str, str | None] | None
+    forward_env: str | Sequence[str]
     copy_env: Sequence[str]
     ssh: SSH | None
     launcher_address: str | None
@@ -60,6 +61,7 @@ class LaunchSpec:
     hosts: Sequence[str] | str | None = None
     workers_per_host: int | Sequence[int] | None = None
     extra_env: Mapping[str, str | None] | None = None
+    forward_env: str | Sequence[str] = "all"
     copy_env: Sequence[str] = ()
     ssh: SSH | None = None
     launcher_address: str | None = None

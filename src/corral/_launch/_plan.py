@@ -13,11 +13,13 @@ from ._hosts import (
     MAX_WORKERS,
     MAX_WORKERS_PER_HOST,
     SSH,
+    check_forward_env,
     environment_for_hosts,
     slurm_hosts,
     slurm_workers_per_host,
 )
 from ._options import LaunchSpec
+from ._torchenv import OMP_NOTICE, launch_variables
 
 __all__ = ["Plan", "job_for", "make_plan", "pickle_job"]
 
@@ -37,6 +39,7 @@ class Plan:
     host_log_dir: str | None
     argv: list[str] = field(default_factory=list)  # a command, not a function
     firsts: list[int] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)  # for the runner's log, once it starts
 
     @property
     def world_size(self) -> int:
@@ -97,15 +100,22 @@ def make_plan(default_grace: float, spec: LaunchSpec) -> Plan:
         )
     if isinstance(copy_env, str):
         raise TypeError("copy_env is a sequence of globs, not one string")
+    forward_env = check_forward_env(spec.forward_env)
     ssh = ssh if ssh is not None else SSH()
     if remote and not slurm:
         ssh.check()
     if not (math.isfinite(start_timeout) and start_timeout > 0):
         raise ValueError(f"start_timeout must be a positive number of seconds, not {start_timeout}")
     link_timeout = _link.check_link_timeout(link_timeout)
-    # Workers here inherit the launcher's environment: only extra_env (with
-    # its removals) goes on top.  Remote ones get the variables by rule.
-    env = environment_for_hosts(copy_env, extra_env) if remote else dict(extra_env or {})
+    # Workers here inherit the launcher's environment: torchrun's variables
+    # and extra_env (with its removals) go on top.  Remote ones get the
+    # launcher's variables as forward_env says, under the same.
+    env: dict[str, str | None] = (
+        environment_for_hosts(forward_env, copy_env, None) if remote else {}
+    )
+    torch_env, omp_defaulted = launch_variables(max(counts), extra_env)
+    env.update(torch_env)
+    env.update(extra_env or {})
     plan = Plan(
         hosts=names,
         counts=counts,
@@ -118,6 +128,7 @@ def make_plan(default_grace: float, spec: LaunchSpec) -> Plan:
         link_timeout=link_timeout,
         log_level=log_level,
         host_log_dir=host_log_dir,
+        notices=[OMP_NOTICE] if omp_defaulted else [],
     )
     first = 0
     for count in counts:

@@ -14,10 +14,12 @@ import subprocess
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
+import anyio.to_thread
 
 from .._logs._pipes import PipeReceiveStream
 from .._logs._wire import FrameDecoder, WireError
 from . import _link
+from ._torchenv import ErrorFiles, worker_variables
 
 if TYPE_CHECKING:
     from ._context import StartFn, WorkerProcess
@@ -36,7 +38,16 @@ class Reporter(Protocol):
 
 
 class HostWorkers:
-    """The workers of one host, in a runner (the launcher's, or an agent's)."""
+    """The workers of one host, in a runner (the launcher's, or an agent's).
+
+    Each worker leads a session of its own, as torchrun's do
+    (``start_new_session=True``): with the kernel's autogroup scheduling, a
+    session is a group that shares the CPU fairly with every other session,
+    so workers in the launcher's own session would share one session's CPU
+    time on a busy machine (the ``import torch`` of four workers took twice
+    as long on a loaded host).  Their process groups are stopped as any
+    child's.
+    """
 
     def __init__(
         self,
@@ -54,6 +65,7 @@ class HostWorkers:
         self._cwd = cwd
         self._procs: list[WorkerProcess] = []
         self._stopping: float | None = None  # the grace of a stop under way
+        self._errors = ErrorFiles()
 
     @property
     def processes(self) -> list[WorkerProcess]:
@@ -65,6 +77,14 @@ class HostWorkers:
         Once :meth:`stop` was called, no further worker starts, and one whose
         start was under way is stopped as soon as it is up.
         """
+        await anyio.to_thread.run_sync(self._errors.make, job.workers)
+        try:
+            await self._run(job, reporter)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._errors.remove)
+
+    async def _run(self, job: _link.Job, reporter: Reporter) -> None:
         async with anyio.create_task_group() as tg:
             for local_rank in range(job.workers):
                 if self._stopping is not None:
@@ -107,21 +127,10 @@ class HostWorkers:
             proc.kill()
         await proc.wait()
 
-    @staticmethod
-    def _environment(job: _link.Job, local_rank: int) -> dict[str, str | None]:
+    def _environment(self, job: _link.Job, local_rank: int) -> dict[str, str | None]:
         """The worker's environment: the job's, and torchrun's variables for its rank."""
         env: dict[str, str | None] = dict(job.env)
-        env.update(
-            RANK=str(job.first_rank + local_rank),
-            LOCAL_RANK=str(local_rank),
-            WORLD_SIZE=str(job.world_size),
-            LOCAL_WORLD_SIZE=str(job.workers),
-            GROUP_RANK=str(job.group_rank),
-            GROUP_WORLD_SIZE=str(job.groups),
-            ROLE_RANK=str(job.first_rank + local_rank),
-            MASTER_ADDR=job.master_addr,
-            MASTER_PORT=str(job.master_port),
-        )
+        env.update(worker_variables(job, local_rank, self._errors.path(local_rank)))
         return env
 
     async def _start_command(self, job: _link.Job, local_rank: int) -> WorkerProcess:
@@ -132,14 +141,21 @@ class HostWorkers:
             cwd=self._cwd,
             check=False,
             grace=job.grace,
+            start_new_session=True,
         )
         return proc
 
     async def _report_exit(self, proc: WorkerProcess, local_rank: int, reporter: Reporter) -> None:
         code = await proc.wait()
+        error, traceback = "", ""
+        if code != 0:
+            # What torch's @record wrote there, as torchrun reads it.
+            error, traceback = await anyio.to_thread.run_sync(self._errors.read, local_rank)
         await reporter.exited(
             self._host,
-            _link.WorkerExit(local_rank, proc.pid, code, proc.stderr_tail, proc.duration or 0.0),
+            _link.WorkerExit(
+                local_rank, proc.pid, code, proc.stderr_tail, error, traceback, proc.duration or 0.0
+            ),
         )
 
     async def _start(
@@ -158,6 +174,7 @@ class HostWorkers:
                 pass_fds=(write_end,),
                 check=False,
                 grace=job.grace,
+                start_new_session=True,
             )
         except BaseException:
             os.close(read_end)
