@@ -219,10 +219,11 @@ class Scope:
                     released = self._lifeline.release()
                     if not released:
                         await self._lifeline.aclose()
-                    with anyio.move_on_after(10):
-                        await anyio.to_thread.run_sync(
-                            self._hub.close_blocking, abandon_on_cancel=True
-                        )
+                    if self._hub.has_handlers():  # (no thread to start for nothing)
+                        with anyio.move_on_after(10):
+                            await anyio.to_thread.run_sync(
+                                self._hub.close_blocking, abandon_on_cancel=True
+                            )
                     if released:
                         await self._lifeline.aclose()
                 for source in self._hub.sources():
