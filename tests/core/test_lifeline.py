@@ -88,6 +88,27 @@ def test_lifeline_exits_with_the_runner() -> None:
     assert not is_alive(pid)
 
 
+@pytest.mark.anyio
+async def test_a_failure_is_out_without_waiting_for_the_lifeline() -> None:
+    # Once every child is reaped the helper has nothing left to guard: the
+    # runner's exit lets it go without waiting for it to read end-of-file and
+    # exit (a scheduler turn away on a busy machine).  A stopped helper would
+    # cost that wait's whole deadline (5 s).
+    start = 0.0
+    with pytest.raises(ExceptionGroup) as caught:
+        async with corral.open_runner(console=False, handle_signals=False) as r:
+            helper = r._lifeline.pid
+            assert helper is not None
+            os.kill(helper, signal.SIGSTOP)
+            await r.start(["sleep", "1000"])
+            start = time.monotonic()
+            await r.start(["sh", "-c", "exit 3"])
+            await anyio.sleep_forever()
+    assert caught.group_contains(corral.ProcessFailed)
+    assert time.monotonic() - start < 2.5
+    assert not is_alive(helper)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.anyio

@@ -10,6 +10,7 @@ import sys
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 from tests.helpers.processes import TAG_VAR, ListHandler, group_members, is_alive, tagged_pids
 
@@ -384,3 +385,29 @@ async def test_poll_after_a_foreign_reap_is_never_running(tag: str) -> None:
         assert p.returncode == p.poll()
         assert "running" not in repr(p)
         assert await p.wait() == p.poll() == 0
+
+
+async def test_a_burst_of_starts_lets_the_loop_run_between_spawns() -> None:
+    # Each spawn holds the loop for a few hundred microseconds; concurrent
+    # starts are queued and the loop gets a turn after each, so that a burst
+    # never runs as one long batch (timers and I/O wait a spawn, not a burst).
+    seen: list[int] = []
+    async with corral.open_runner(console=False) as r:
+
+        async def watch() -> None:
+            while True:
+                seen.append(len(r.processes))
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as watcher:
+            watcher.start_soon(watch)
+            await anyio.lowlevel.checkpoint()
+            async with anyio.create_task_group() as tg:
+                for _ in range(20):
+                    tg.start_soon(r.start, ["sleep", "1000"])
+            watcher.cancel_scope.cancel()
+        counts = sorted(set(seen))
+        assert len(r.processes) == 20
+        r.cancel()
+    # The watcher saw the children come one (or two) at a time, not all at once.
+    assert len(counts) >= 10, counts

@@ -1374,3 +1374,26 @@ async def test_slurm_outside_an_allocation_is_a_clear_error() -> None:
         with pytest.raises(RuntimeError, match="needs a Slurm allocation"):
             await r.launch(whoami, hosts="slurm")
         assert r.processes == ()
+
+
+class _UnpicklesAsItsThread:
+    """Unpickles into the thread that unpickled it."""
+
+    def __reduce__(self) -> tuple[Callable[[], threading.Thread], tuple[()]]:
+        return (threading.current_thread, ())
+
+
+def large_result() -> tuple[object, bytes]:
+    return (_UnpicklesAsItsThread(), b"x" * (3 << 20))
+
+
+@pytest.mark.anyio
+async def test_local_large_result_is_unpickled_off_the_loop() -> None:
+    # Hundreds of megabytes take a good part of a second to unpickle: not on
+    # the event loop's thread.
+    async with corral.open_runner(console=False) as r:
+        results = await r.launch(large_result, workers_per_host=1)
+    unpickled_in, data = results[0]
+    assert data == b"x" * (3 << 20)
+    assert isinstance(unpickled_in, threading.Thread)
+    assert unpickled_in is not threading.current_thread()

@@ -314,3 +314,29 @@ def test_max_frame_argument_checked() -> None:
         FrameDecoder(0)
     with pytest.raises(ValueError):
         FrameDecoder(2**32)
+
+
+def test_a_large_frame_gets_a_buffer_of_its_own() -> None:
+    # A frame of LARGE_FRAME bytes or more is gathered into one buffer of its
+    # full size (not a buffer grown, and copied, as it comes), split anywhere.
+    from corral._launch import _link
+    from corral._logs._wire import LARGE_FRAME
+
+    small = _link.encode(_link.WorkerResult(0, memoryview(b"small")))
+    big_payload = bytes(range(256)) * (3 * LARGE_FRAME // 256)
+    big = _link.encode(_link.WorkerResult(1, memoryview(big_payload)))
+    data = small + big + small + big
+    decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
+    out: list[object] = []
+    for start in range(0, len(data), 65531):
+        out += decoder.feed(data[start : start + 65531])
+        assert decoder.buffered <= len(big)
+    decoder.eof()
+    payloads = [bytes(m.payload) for m in out]  # type: ignore[attr-defined]
+    assert payloads == [b"small", big_payload, b"small", big_payload]
+    # Cut short in the middle of a large frame: a truncated stream.
+    decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
+    assert decoder.feed(big[: LARGE_FRAME // 2]) == []
+    assert decoder.buffered == LARGE_FRAME // 2
+    with pytest.raises(WireError, match="middle of a frame"):
+        decoder.eof()

@@ -68,6 +68,8 @@ class Children:
         self._live: dict[str, Process] = {}
         self._name_counters: dict[str, int] = {}
         self._observers: list[Observer] = []
+        #: Spawns one at a time, with a loop turn after each (see :meth:`start`).
+        self._spawn_lock = anyio.Lock()
 
     @property
     def live(self) -> tuple[Process, ...]:
@@ -125,54 +127,72 @@ class Children:
         stop_signal = options.stop_signal
         stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
         policy = RestartPolicy.make(options.restart, options.max_restarts, options.backoff)
-        name = self._unique_name(options.name, spec.program)
+        if options.name is not None:
+            check_name(options.name, "process")
         services = self._scope.services
         tg = self._scope.tg
         assert services is not None and tg is not None
-        # A start in a cancelled scope (or one whose deadline has passed)
-        # spawns nothing.
-        await checkpoint_if_cancelled()
-        source = self._hub.source(name)
-        spawned = services.spawner.spawn(spec, self._hub.child_env(source))
+        # Spawning holds the loop (and the GIL) for a few hundred
+        # microseconds, so a worker thread would not help.  The lock puts
+        # concurrent starts in a queue, and the turn each one gives the loop
+        # before letting the next go keeps a burst of starts from running
+        # as one long batch: timers and I/O run between any two spawns.
+        token = self._scope.token
+        trio_loop = token is not None and token.backend == "trio"
+        async with self._spawn_lock:
+            # A start in a cancelled scope (or one whose deadline has passed)
+            # spawns nothing.
+            await checkpoint_if_cancelled()
+            # No await from here until the supervisor runs: the name stays ours.
+            name = self._unique_name(options.name, spec.program)
+            source = self._hub.source(name)
+            spawned = services.spawner.spawn(spec, self._hub.child_env(source))
 
-        def exited() -> None:
-            self._exited(proc)
+            def exited() -> None:
+                self._exited(proc)
 
-        def event(state: str) -> None:
-            self._event(proc, state)
+            def event(state: str) -> None:
+                self._event(proc, state)
 
-        sup = Supervisor(
-            services,
-            spec,
-            spawned,
-            name=name,
-            source=source,
-            check=bool(options.check),
-            grace=grace,
-            stop_signal=stop_signal,
-            policy=policy,
-            start_timeout=start_timeout,
-            on_exit=exited,
-            on_event=event,
-        )
-        proc = Process(sup)
-        self._live[name] = proc
-        signals = self._scope.signals
-        if signals is not None:
-            signals.add(sup)
-        self._hub.log(logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}")
-        self._event(proc, "running")
-        try:
-            # Its supervisor must run, or nobody ever reaps the child.
-            await _backend.start_surely(
-                tg, (sup.supervise, (), f"corral supervisor {self._runner}.{name}")
+            sup = Supervisor(
+                services,
+                spec,
+                spawned,
+                name=name,
+                source=source,
+                check=bool(options.check),
+                grace=grace,
+                stop_signal=stop_signal,
+                policy=policy,
+                start_timeout=start_timeout,
+                on_exit=exited,
+                on_event=event,
             )
-            # Spawning holds the loop for a few hundred microseconds: let others
-            # run.  A cancellation that arrives now (a deadline that passed
-            # during the spawn included) cancels the start: the child is
-            # stopped and reaped first: a start returns only a child its
-            # caller is still there to hold.
-            await anyio.lowlevel.checkpoint()
+            proc = Process(sup)
+            self._live[name] = proc
+            signals = self._scope.signals
+            if signals is not None:
+                signals.add(sup)
+            self._hub.log(
+                logging.DEBUG, f"started {name} (pid {proc.pid}): {describe_argv(spec.argv)}"
+            )
+            self._event(proc, "running")
+            try:
+                # Its supervisor must run, or nobody ever reaps the child.
+                await _backend.start_surely(
+                    tg, (sup.supervise, (), f"corral supervisor {self._runner}.{name}")
+                )
+                # The loop's turn before the next spawn (start_surely's on asyncio).
+                if trio_loop:
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
+            except BaseException:
+                await sup.abandon()
+                raise
+        try:
+            # A cancellation that arrives now (a deadline that passed during
+            # the spawn included) cancels the start: the child is stopped and
+            # reaped first: a start returns only a child its caller is still
+            # there to hold.
             await checkpoint_if_cancelled()
         except BaseException:
             await sup.abandon()

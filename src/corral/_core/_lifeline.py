@@ -139,10 +139,18 @@ while wanted and time.monotonic() < deadline:
                     pass
     if wanted:
         time.sleep(0.01)
-if folders:
-    import shutil
-    for folder in folders:
+for folder in folders:
+    # The log socket's folder holds the socket alone: no shutil to import.
+    try:
+        for entry in os.scandir(folder):
+            os.unlink(entry.path)
+        os.rmdir(folder)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        import shutil
         shutil.rmtree(os.fsdecode(folder), ignore_errors=True)
+os._exit(0)
 """
 
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -160,7 +168,11 @@ class Lifeline:
         self._groups: set[int] = set()
         self._folders: set[str] = set()
         self._next = 0
+        #: Announced spawns not yet reported spawned or failed.
+        self._pending: set[bytes] = set()
         self._closing = False
+        #: Set once :meth:`release` has killed an idle helper.
+        self._killed = False
         self._restarts = 0
         #: Set when a helper was started: wakes a watch() that has none to watch.
         self._started: anyio.Event | None = None
@@ -223,16 +235,19 @@ class Lifeline:
         self._next += 1
         number = b"%d" % self._next
         env[_childenv.LIFELINE.encode()] = self._token.encode() + b"." + number
+        self._pending.add(number)
         self._send(b"?" + number + b"\n")
         return number
 
     def spawned(self, number: bytes, pgid: int) -> None:
         """The announced child runs as the leader of group ``pgid``."""
         self._groups.add(pgid)
+        self._pending.discard(number)
         self._send(b"+%d " % pgid + number + b"\n")
 
     def failed(self, number: bytes) -> None:
         """The announced child was never spawned."""
+        self._pending.discard(number)
         self._send(b"!" + number + b"\n")
 
     def remove(self, pgid: int) -> None:
@@ -339,8 +354,39 @@ class Lifeline:
                 assert self._pid is not None
                 self._replace(_platform.describe_exit(self._pid))
 
+    def release(self) -> bool:
+        """At a runner's exit, once every child is reaped: let the helper go now.
+
+        With nothing on its list (no group, no spawn in flight) the helper
+        has nothing left to guard, so it is sent SIGKILL, which ends it
+        within the kernel's own time, without waiting for a scheduler turn
+        to read end-of-file on a busy machine; :meth:`aclose` reaps it later.
+        With something still on its list, nothing happens here: the helper
+        must stay and :meth:`aclose` closes it the usual way.  Returns
+        whether the helper was let go.
+        """
+        if self._closing or self._groups or self._pending:
+            return False
+        self._closing = True
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._pidfd is not None:
+            # Through its pidfd: a host that reaps every child may have reaped
+            # it already, and its pid may be another process's by now.
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._killed = True
+        return True
+
     async def aclose(self) -> None:
-        """Close our end and wait (briefly) for the helper to exit; it kills nothing then."""
+        """Close our end and wait (briefly) for the helper to exit; it kills nothing then.
+
+        After :meth:`release` the helper is dead already, or dies within a
+        few hundred microseconds: this only reaps it.
+        """
         self._closing = True
         if self._sock is not None:
             self._sock.close()
@@ -350,8 +396,10 @@ class Lifeline:
         if pid is None or fd is None:
             return
         try:
+            if _platform.has_exited(fd):
+                return  # gone already: nothing to wait for
             with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(5) as deadline:
+                with anyio.move_on_after(0.5 if self._killed else 5) as deadline:
                     await outlast_native_cancel(lambda: anyio.wait_readable(fd), deadline)
                     return
                 # Stopped by someone (SIGSTOP)?  It has nothing left to do.

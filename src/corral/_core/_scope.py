@@ -213,11 +213,19 @@ class Scope:
             finally:
                 del error
                 with anyio.CancelScope(shield=True):
-                    await self._lifeline.aclose()
-                    with anyio.move_on_after(10):
-                        await anyio.to_thread.run_sync(
-                            self._hub.close_blocking, abandon_on_cancel=True
-                        )
+                    # Every child is reaped: an idle lifeline is let go at
+                    # once, and reaped after the log service's close, which
+                    # gives it the time to die (no wait on a failure's way out).
+                    released = self._lifeline.release()
+                    if not released:
+                        await self._lifeline.aclose()
+                    if self._hub.has_handlers():  # (no thread to start for nothing)
+                        with anyio.move_on_after(10):
+                            await anyio.to_thread.run_sync(
+                                self._hub.close_blocking, abandon_on_cancel=True
+                            )
+                    if released:
+                        await self._lifeline.aclose()
                 for source in self._hub.sources():
                     source.end()
                 if self.services is not None:

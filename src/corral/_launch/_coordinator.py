@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 from .._errors import LaunchError, RemoteTraceback, WorkerFailed, signal_name
 from .._results import CompletedProcess, LaunchResult
@@ -14,6 +15,58 @@ from . import _link
 from ._plan import Plan
 
 __all__ = ["Coordinator", "Failure"]
+
+#: A result pickle at least this big is unpickled in a worker thread.
+LARGE_RESULT = 1 << 20
+
+#: How much of a large pickle the worker thread copies at a time.  Each copy
+#: holds the GIL; between two, the loop's thread may take it back.
+_CHUNK = 1 << 20
+
+
+class _ChunkedReader:
+    """A file over a pickle, for :class:`pickle.Unpickler`, that copies in small pieces.
+
+    ``pickle.loads`` copies a large ``bytes`` object in the pickle with one C
+    call, holding the GIL (and so the event loop) for as long as that takes.
+    The unpickler reads such objects through ``readinto`` when its file has
+    one: here it copies :data:`_CHUNK` bytes at a time, in Python.
+    """
+
+    def __init__(self, data: memoryview) -> None:
+        self._data = data.cast("B") if data.format != "B" else data
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._data) if n < 0 else self._pos + n
+        out = bytes(self._data[self._pos : end])
+        self._pos += len(out)
+        return out
+
+    def readinto(self, target: memoryview) -> int:
+        view = memoryview(target).cast("B")
+        wanted = min(len(view), len(self._data) - self._pos)
+        done = 0
+        while done < wanted:
+            step = min(_CHUNK, wanted - done)
+            view[done : done + step] = self._data[self._pos : self._pos + step]
+            self._pos += step
+            done += step
+        return done
+
+    def readline(self) -> bytes:
+        data = self._data
+        pos = self._pos
+        end = pos
+        while end < len(data) and data[end] != 0x0A:
+            end += 1
+        end = min(end + 1, len(data))
+        self._pos = end
+        return bytes(data[pos:end])
+
+
+def _unpickle_large(payload: memoryview) -> Any:
+    return pickle.Unpickler(_ChunkedReader(payload)).load()
 
 
 @dataclass
@@ -37,6 +90,8 @@ class Coordinator:
         self.failure: Failure | None = None
         self.settled = anyio.Event()  # every result in, or a failure
         self._answered: set[int] = set()
+        #: One large result unpickled at a time, off the loop (see :meth:`result`).
+        self._unpickling: anyio.CapacityLimiter | None = None
 
     def rank(self, host: int, local_rank: int) -> int:
         return self.plan.firsts[host] + local_rank
@@ -44,8 +99,19 @@ class Coordinator:
     async def result(self, host: int, message: _link.WorkerResult) -> None:
         rank = self.rank(host, message.local_rank)
         self._answered.add(rank)
+        payload = message.payload
         try:
-            self.values[rank] = pickle.loads(message.payload)
+            if len(payload) < LARGE_RESULT:
+                self.values[rank] = pickle.loads(payload)
+            else:
+                # Hundreds of megabytes take a good part of a second to unpickle:
+                # off the loop, which goes on meanwhile.  (A cancellation waits
+                # for the thread to finish, then goes on as usual.)
+                if self._unpickling is None:
+                    self._unpickling = anyio.CapacityLimiter(1)
+                self.values[rank] = await anyio.to_thread.run_sync(
+                    _unpickle_large, payload, limiter=self._unpickling
+                )
         except Exception as exc:
             self._fail(
                 Failure(

@@ -200,7 +200,9 @@ class Records(msgspec.Struct, tag="records", array_like=True, frozen=True):
 
 class WorkerResult(msgspec.Struct, tag="result", array_like=True, frozen=True):
     local_rank: int
-    payload: bytes
+    #: The pickled value.  Decoded as a view into the frame's buffer, not a
+    #: copy: a result may be hundreds of megabytes (see ``Coordinator.result``).
+    payload: memoryview
 
 
 class WorkerError(msgspec.Struct, tag="error", array_like=True, frozen=True):

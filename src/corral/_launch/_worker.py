@@ -71,7 +71,7 @@ def main() -> int:
         code = 1
     else:
         try:
-            outcome = _link.WorkerResult(local_rank, pickle.dumps(value))
+            outcome = _link.WorkerResult(local_rank, memoryview(pickle.dumps(value)))
             code = 0
         except Exception as exc:
             exc.add_note(f"the return value of rank {os.environ.get('RANK')} could not be pickled")

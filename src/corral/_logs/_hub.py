@@ -161,6 +161,11 @@ class LogHub:
         self.server.abort()
         self.collector.abort()
 
+    def has_handlers(self) -> bool:
+        """Whether :meth:`close_blocking` has any handler to flush or close."""
+        router = getattr(self, "router", None)
+        return bool(self._owned) or router is None or bool(router.handlers)
+
     def close_blocking(self) -> None:
         """Flush every handler and close the runner's own (blocking: run it in a thread)."""
         router = getattr(self, "router", None)

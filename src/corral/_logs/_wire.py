@@ -118,6 +118,7 @@ anywhere on this path, so the bytes on the socket cannot make the launcher run c
 
 from __future__ import annotations
 
+import mmap
 import struct
 from typing import Any, Final, TypeAlias
 
@@ -267,6 +268,13 @@ def _unsupported(version: int) -> str:
     return f"unsupported protocol version {version} (this side speaks version {PROTOCOL_VERSION})"
 
 
+#: A frame at least this big is gathered into a buffer of its own, allocated
+#: at its full size when its length prefix comes: the buffer of smaller ones
+#: grows as bytes come, and growing to hundreds of megabytes copies it again
+#: and again, on the event loop.
+LARGE_FRAME: Final = 1 << 20
+
+
 class FrameDecoder:
     """Incremental reader for a stream of frames.
 
@@ -290,11 +298,18 @@ class FrameDecoder:
         self.max_frame: Final = max_frame
         self._decoder = decoder if decoder is not None else _decoder
         self._buf = bytearray()
+        #: A large frame on its way: its payload, allocated once at its full
+        #: size (anonymous memory: no zeroing up front, its pages come as its
+        #: bytes do), and how much of it has come (see :data:`LARGE_FRAME`).
+        self._large: mmap.mmap | None = None
+        self._large_have = 0
         self._failed: str | None = None
 
     @property
     def buffered(self) -> int:
         """Number of bytes held for a frame not yet complete."""
+        if self._large is not None:
+            return PREFIX_SIZE + self._large_have
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
@@ -307,9 +322,13 @@ class FrameDecoder:
         """
         if self._failed is not None:
             raise WireError(f"decoder already failed: {self._failed}")
+        messages: list[Message] = []
+        if self._large is not None:
+            data = self._fill_large(data, messages)
+            if self._large is not None:
+                return messages  # all of it went into the large frame
         buf = self._buf
         buf += data
-        messages: list[Message] = []
         pos = 0
         end = len(buf)
         try:
@@ -325,23 +344,66 @@ class FrameDecoder:
                     start = pos + PREFIX_SIZE
                     stop = start + length
                     if stop > end:
+                        if length >= LARGE_FRAME:
+                            # Its payload gets a buffer of its own, of its full
+                            # size at once, instead of this one growing (and
+                            # being copied) again and again as it comes.
+                            self._large = mmap.mmap(-1, length)
+                            self._large_have = end - start
+                            self._large[: end - start] = view[start:end]
+                            pos = end
                         break  # The rest of this frame has not arrived yet.
                     messages.append(self._decode(view[start:stop]))
                     pos = stop
         except WireError as exc:
-            self._failed = exc.reason
-            # Not buf.clear(): slices of the view may live on in the traceback.
-            self._buf = bytearray()
-            exc.messages = messages
+            self._fail(exc, messages)
             raise
-        # The view is released, so the buffer may be resized again.
-        del buf[:pos]
+        # The view is released, so the buffer may be resized again (unless a
+        # message holds a view into it: then it is theirs, and we take a new one).
+        try:
+            del buf[:pos]
+        except BufferError:
+            self._buf = bytearray(buf[pos:])
         return messages
+
+    def _fill_large(
+        self, data: bytes | bytearray | memoryview, messages: list[Message]
+    ) -> bytes | bytearray | memoryview:
+        """Copy ``data`` into the large frame on its way; what is left of it after that frame."""
+        large = self._large
+        assert large is not None
+        have = self._large_have
+        take = min(len(large) - have, len(data))
+        with memoryview(data) as chunk:
+            large[have : have + take] = chunk[:take]
+            rest = bytes(chunk[take:])
+        self._large_have = have + take
+        if self._large_have == len(large):
+            self._large = None
+            try:
+                # Decoded from its own buffer: a message may keep views into it.
+                messages.append(self._decode(memoryview(large)))
+            except WireError as exc:
+                self._fail(exc, messages)
+                raise
+        return rest
+
+    def _fail(self, exc: WireError, messages: list[Message]) -> None:
+        self._failed = exc.reason
+        # Not buf.clear(): slices of the view may live on in the traceback.
+        self._buf = bytearray()
+        self._large = None
+        exc.messages = messages
 
     def eof(self) -> None:
         """Declare the end of the stream; raise `WireError` if it ended mid-frame."""
         if self._failed is not None:
             raise WireError(f"decoder already failed: {self._failed}")
+        if self._large is not None:
+            detail = f"got {self._large_have} of {len(self._large)} payload bytes"
+            self._failed = "truncated frame"
+            self._large = None
+            raise WireError(f"stream ended in the middle of a frame ({detail})")
         if self._buf:
             got = len(self._buf)
             if got < PREFIX_SIZE:

@@ -41,6 +41,7 @@ __all__ = [
     "FD_PER_CHILD",
     "StatusLost",
     "exit_status",
+    "has_exited",
     "fd_limits",
     "is_exiting",
     "open_status",
@@ -244,6 +245,18 @@ def exit_status(pid: int) -> int | None:
     if result.si_code == os.CLD_EXITED:
         return result.si_status
     return -result.si_status
+
+
+def has_exited(pidfd: int) -> bool:
+    """Whether the child of ``pidfd`` has exited (or was reaped elsewhere), without reaping it.
+
+    Through the pidfd, so a pid that was reaped elsewhere and reused is never mistaken.
+    """
+    try:
+        result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return result is not None and result.si_pid != 0
 
 
 def describe_status(returncode: int) -> str:
