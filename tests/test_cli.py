@@ -1352,9 +1352,14 @@ def test_run_on_two_ssh_hosts(
         tag=tag,
         timeout=50,
     )
-    lines = shown(out)
-    assert out.returncode == (6 if fail else 0), lines
+    lines = out.stdout.splitlines()
+    assert out.returncode == (6 if fail else 0), shown(out)
     assert [line for line in lines if not PREFIXED.fullmatch(line)] == [], lines
+    for match in map(PREFIXED.fullmatch, lines):  # the global rank before each worker
+        assert match is not None
+        worker = re.fullmatch(r"agent-(\d)\.worker-(\d)", match["source"])
+        if worker is not None:
+            assert match["rank"] == str(2 * int(worker[1]) + int(worker[2])), match.group(0)
     for group in range(2):
         for local in range(2):
             rank = 2 * group + local
@@ -1368,8 +1373,13 @@ def test_run_on_two_ssh_hosts(
         assert any(m.startswith("worker-1 (pid") for m in said), "\n".join(lines)
         # Once, under its source: not repeated as a logger name in the message.
         assert not any(m.startswith("agent-1:") for m in messages(lines, "agent-1")), lines
-        # And the command says which worker failed, last.
-        assert "rank 3" in messages(lines, "run")[-1], lines
+        # And the command says on stderr which worker failed, where, how, and its last words.
+        assert out.stderr == (
+            f"corral: rank 3 (local rank 1 on host {b}) exited with code 6; "
+            "its last stderr lines:\n  err 3\n"
+        ), out.stderr
+    else:
+        assert out.stderr == ""
 
 
 @pytest.mark.timeout(60)

@@ -255,9 +255,10 @@ async def _show_status(r: Runner, console: CommandConsole, status: Status) -> No
     """
     while True:
         status.changed = anyio.Event()
-        lines = status.render(
-            r.processes, console.width - 1, bool(console.colour), max(console.height // 2, 3)
-        )
+        # The table leaves the bars half the room, if they need it.
+        room = console.room
+        height = max(room - min(console.bars, room // 2), 2)
+        lines = status.render(r.processes, console.width - 1, bool(console.colour), height)
         await anyio.to_thread.run_sync(console.set_footer, lines)
         with anyio.move_on_after(0.5):
             await status.changed.wait()

@@ -102,18 +102,19 @@ class Status:
         from rich.table import Table
 
         rows = list(self.rows(processes))
-        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-        for column in ("name", "state", "pid", "uptime", "restarts", "last exit"):
-            table.add_column(column, no_wrap=True, overflow="ellipsis")
         shown = rows
         if len(rows) + 1 > height:
             # Too many to show: the ones that are not simply running first.
             shown = sorted(rows, key=lambda row: row[1] == "running")[: max(height - 2, 0)]
+        columns = _fitting(_COLUMNS, shown, width)
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        for column in columns:
+            table.add_column(column, no_wrap=True, overflow="ellipsis")
         for row in shown:
             style = {"running": "green", "failed": "red"}.get(row[1], "")
             if row[1].startswith(("stopping", "killing")):
                 style = "yellow"
-            table.add_row(*row, style=style)
+            table.add_row(*(row[_COLUMNS.index(c)] for c in columns), style=style)
         lines = _lines(table, width, colour)
         if len(shown) < len(rows):
             counts: dict[str, int] = {}
@@ -164,6 +165,24 @@ class Status:
             more = f"... and {len(rows) - len(shown)} more; " if shown else ""
             lines.append(f"{more}{len(rows)} processes in all: {said}"[:width])
         return lines
+
+
+#: The columns of the live table, and those it goes without on a narrow terminal, in order.
+_COLUMNS = ("name", "state", "pid", "uptime", "restarts", "last exit")
+_DROPPED = ("pid", "restarts", "uptime")
+
+
+def _fitting(columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[str]:
+    """``columns``, less those of :data:`_DROPPED` that ``width`` has no room for."""
+    widths = {
+        name: max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(columns)
+    }
+    kept = list(columns)
+    for dropped in _DROPPED:
+        if sum(widths[c] for c in kept) + 2 * (len(kept) - 1) <= width:
+            break
+        kept.remove(dropped)
+    return kept
 
 
 def _lines(table: object, width: int, colour: bool) -> list[str]:

@@ -235,7 +235,7 @@ class _UpJob:
             tg.cancel_scope.cancel()
         code = ended[0].returncode
         assert code is not None  # it was waited for
-        if code != 0:
+        if code != 0 and r.received_signal is None:
             status.failure = describe_failure(ended[0].name, code, ended[0].stderr_tail)
         r.cancel()
         return exit_code(code)

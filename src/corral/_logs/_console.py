@@ -39,8 +39,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     console (``corral run --ranks``).  Other handlers are not affected.
 
     The pinned lines (bars, and a footer such as the ``corral`` command's
-    status table) take at most half the terminal's height, and never a line
-    wider than it.  When the terminal is resized they are cleared as a
+    status table) take at most a third of the terminal's height, and never a
+    line wider than it.  When the terminal is resized they are cleared as a
     terminal that rewraps its lines (most do: VTE, iTerm2, kitty, tmux,
     Windows Terminal) shows them: a line drawn 100 columns wide takes two
     rows once the terminal is 60 columns wide.
@@ -198,13 +198,28 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         except (OSError, ValueError, AttributeError):
             return 24
 
+    @property
+    def bars(self) -> int:
+        """How many progress bars are drawn in place now."""
+        return len(self._bars)
+
+    @property
+    def room(self) -> int:
+        """The rows the pinned lines (bars and footer) may take: a third of the terminal's.
+
+        So that they still fit on the screen when a resize to half the width
+        rewraps each of them onto two rows.
+        """
+        height = self.height
+        return max(min(height - 1, max(height // 3, 3)), 1)
+
     def set_footer(self, lines: list[bytes]) -> None:
         """Pin ``lines`` (a status view) under the scrolling lines and the bars; redraw now.
 
         Blocking terminal I/O: call it where the log handlers run, not on the
         event loop.  On a stream that is not a terminal it does nothing.
-        Lines wider than the terminal are cut; the footer takes at most half
-        the terminal's height (less a line), the bars what is left of it.
+        Lines wider than the terminal are cut; the footer and the bars take
+        :attr:`room` rows at most, the footer first.
         """
         if not self.terminal:
             return
@@ -262,8 +277,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         height = self.height
         # The cursor cannot go above the top of the screen: pinned lines that
         # scrolled off it could never be cleared, and would stay in the
-        # scrollback.  So they take at most half the screen (less a line).
-        room = max(min(height - 1, max(height // 2, 3)), 1)
+        # scrollback.  So they take a third of the screen at most.
+        room = self.room
         footer = [_cut(line, columns) for line in self._footer[:room]]
         bars = [_bar(*bar, columns) for bar in list(self._bars.values())[:height]]
         space = room - len(footer)
