@@ -32,6 +32,7 @@ from tests.test_cli import (
     PREFIXED,
     SUMMARY_HEADER,
     SUMMARY_ROW,
+    Streaming,
     Terminal,
     corral,
     corral_argv,
@@ -519,3 +520,51 @@ def test_the_live_block_survives_a_resize(
     _check_the_end(term.reflowing.lines())
     if after[0] > before[0]:  # wider: what a terminal that does not rewrap shows
         _check_the_end(term.lines())
+
+
+#: On SIGINT, each rank writes a traceback: rank 0 a KeyboardInterrupt's, rank 1 another
+#: exception's, rank 2 a KeyboardInterrupt's longer than the console holds back.
+TRACEBACKS = """
+import os, signal, sys, time
+rank = os.environ["RANK"]
+def on_interrupt(*_):
+    count = 4000 if rank == "2" else 3
+    frames = "".join(f'  File "x.py", line {i}, in f\\n' for i in range(count))
+    end = "ValueError: not an interrupt" if rank == "1" else "KeyboardInterrupt"
+    sys.stderr.write("Traceback (most recent call last):\\n" + frames + end + "\\n")
+    sys.stderr.flush()
+    os._exit(1)
+signal.signal(signal.SIGINT, on_interrupt)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
+    tmp_path: Path, tag: str
+) -> None:
+    (tmp_path / "tb.py").write_text(TRACEBACKS)
+    argv = corral_argv("run", "-n", "3", "--", PY, "tb.py")
+    running = Streaming(argv, cwd=tmp_path, env=environ(tag))
+    try:
+        running.until(lambda lines: sum(line.endswith("| ready") for line in lines) == 3)
+        os.killpg(running.proc.pid, signal.SIGINT)
+        assert running.finish() == 130, running.lines[-20:]
+    finally:
+        running.close()
+    said = {rank: messages(running.lines, f"agent-0.worker-{rank}") for rank in range(3)}
+    assert said[0] == ["ready"]
+    assert said[1] == [
+        "ready",
+        "Traceback (most recent call last):",
+        *(f'  File "x.py", line {i}, in f' for i in range(3)),
+        "ValueError: not an interrupt",
+    ]
+    # Longer than HELD_BYTES: shown whole, in order, once.
+    assert said[2][:2] == ["ready", "Traceback (most recent call last):"]
+    assert said[2][2:-1] == [f'  File "x.py", line {i}, in f' for i in range(4000)]
+    assert said[2][-1] == "KeyboardInterrupt"
+    assert running.lines[-1] == (
+        "corral: 1 KeyboardInterrupt traceback of the stop not shown "
+        "(not kept; --log-dir keeps them)"
+    )

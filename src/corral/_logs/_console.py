@@ -219,7 +219,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         Blocking terminal I/O: call it where the log handlers run, not on the
         event loop.  On a stream that is not a terminal it does nothing.
         Lines wider than the terminal are cut; the footer and the bars take
-        :attr:`room` rows at most, the footer first.
+        ``room`` rows at most, the footer first.
         """
         if not self.terminal:
             return
