@@ -568,3 +568,27 @@ def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
         "corral: 1 KeyboardInterrupt traceback of the stop not shown "
         "(not kept; --log-dir keeps them)"
     )
+
+
+def test_the_summary_tells_the_failure_from_the_workers_stopped_for_it(
+    tmp_path: Path, tag: str
+) -> None:
+    script = '[ "$RANK" = 1 ] && { sleep 0.5; exit 3; }; echo "up $RANK"; exec sleep 30'
+    argv = corral_argv("run", "-n", "3", "--", *sh(script))
+    term = Terminal(argv, cwd=tmp_path, env=environ(tag), cols=200, rows=40)
+    try:
+        assert term.finish() == 3
+    finally:
+        term.close()
+    lines = [line for line in term.lines() if line]
+    header = max(i for i, line in enumerate(lines) if SUMMARY_HEADER.fullmatch(line))
+    ended = [SUMMARY_ROW.fullmatch(line) for line in lines[header + 1 : header + 4]]
+    assert [(m["name"], m["ended"], m["how"]) for m in ended if m] == [
+        ("agent-0.worker-0", "stopped", "SIGTERM"),
+        ("agent-0.worker-1", "failed", "code 3"),
+        ("agent-0.worker-2", "stopped", "SIGTERM"),
+    ], lines[header:]
+    assert lines[header + 4 :] == [
+        "corral: rank 1 (local rank 1 on host localhost) exited with code 3 "
+        "(it wrote nothing to stderr)"
+    ], lines[header:]

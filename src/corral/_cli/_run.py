@@ -259,7 +259,7 @@ class _RunJob:
                     )
                     return exit_code(failure.returncode if failure.returncode is not None else 1)
                 attempt += 1
-                status.restarts = attempt
+                status.restarted(attempt)
                 # The library's policy: 1 s doubled each time, with jitter, at most 30 s.
                 delay = RestartPolicy("on-failure", self.max_restarts).delay(attempt)
                 r.log(

@@ -45,14 +45,24 @@ class Status:
     stop_began: float | None = None
     #: What is said on stderr at the end about the failure that ended the run.
     failure: str | None = None
-    #: Whether the stop was announced (it is, once).
-    announced: bool = False
+    #: The process whose failure began the stop, if one did.
+    cause: str | None = None
 
     def observe(self, proc: Process, state: str) -> None:
         """A runner observer (on the loop): note exits, redraw soon."""
         if state == "exited" and proc.returncode is not None:
             self.last[proc.name] = proc.returncode
-            self.exited_at[proc.name] = time.monotonic()
+            self.exited_at[proc.name] = now = time.monotonic()
+            if proc.returncode != 0 and self.stop_began is None:
+                # A failure: the others are stopped because of it (a group
+                # restart starts them again: see :meth:`restarted`).
+                self.stop_began, self.cause = now, proc.name
+        self.changed.set()
+
+    def restarted(self, attempt: int) -> None:
+        """The group was started again: what stopped it is over."""
+        self.restarts = attempt
+        self.stop_began = self.cause = None
         self.changed.set()
 
     def stopping(self) -> None:
@@ -71,7 +81,9 @@ class Status:
         if code == 0:
             return "exited"
         ended = self.exited_at.get(proc.name)
-        if self.stop_began is not None and ended is not None and ended >= self.stop_began:
+        if proc.name == self.cause or self.stop_began is None or ended is None:
+            return "failed"
+        if ended >= self.stop_began:
             return "killed" if code == -9 else "stopped"
         return "failed"
 
