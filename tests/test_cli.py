@@ -293,6 +293,8 @@ def every_line_whole(lines: Sequence[str], allowed: re.Pattern[str]) -> list[str
                 "--ssh-user",
                 "--ssh-identity",
                 "--ssh-option",
+                "--ranks",
+                "--local-ranks-filter",
                 "RANK",
                 "WORLD_SIZE",
                 "130",

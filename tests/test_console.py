@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -277,6 +278,23 @@ def test_ctrl_c_the_table_shows_each_stopping_then_one_kill_message_each(
     assert [(m["ended"], m["how"]) for m in ended if m] == [("killed", "SIGKILL")] * 3, lines
 
 
+def test_a_second_ctrl_c_kills_at_once(tmp_path: Path, tag: str) -> None:
+    (tmp_path / "waiter.py").write_text(WAITER)
+    argv = corral_argv("run", "-n", "2", "--grace", "30", "--", PY, "waiter.py")
+    running = Streaming(argv, cwd=tmp_path, env=environ(tag, IGNORE="1"))
+    try:
+        running.until(lambda lines: sum(" | ready " in line for line in lines) == 2)
+        os.killpg(running.proc.pid, signal.SIGINT)
+        running.until(lambda lines: any("Ctrl-C again kills them now" in x for x in lines))
+        started = time.monotonic()
+        os.killpg(running.proc.pid, signal.SIGINT)
+        assert running.finish() == 130, running.lines
+        assert time.monotonic() - started < 5  # not the 30 s grace
+    finally:
+        running.close()
+    assert sum("Ctrl-C again" in line for line in running.lines) == 1, running.lines
+
+
 @pytest.mark.anyio
 async def test_the_kill_after_the_grace_is_said_once() -> None:
     """A stop asked for, and the runner's own stop under way with it: one message, not two."""
@@ -306,7 +324,7 @@ rank = os.environ["RANK"]
 print(f"step 0 of {rank}", flush=True)
 for _ in tqdm(range(40), file=sys.stderr, desc=f"r{rank}", mininterval=0, ncols=NCOLS,
               bar_format="{desc} {percentage:3.0f}%|{bar}|"):
-    time.sleep(0.02)
+    time.sleep(0.05)
 print(f"done {rank}", flush=True)
 """
 
