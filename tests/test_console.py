@@ -610,3 +610,26 @@ def test_the_summary_tells_the_failure_from_the_workers_stopped_for_it(
         "corral: rank 1 (local rank 1 on host localhost) exited with code 3 "
         "(it wrote nothing to stderr)"
     ], lines[header:]
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str) -> None:
+    """Remote workers too: one line says what stops, no traceback reaches the console."""
+    a, b = ssh_hosts.addresses
+    command = ["env", f"{TAG_VAR}={tag}", PY, "-c", WAITER]
+    argv = corral_argv(
+        "run", "-n", "2", "--hosts", f"{a},{b}", *ssh_args(ssh_hosts), "--", *command
+    )
+    running = Streaming(argv, cwd=tmp_path, env=environ(tag))
+    try:
+        running.until(lambda lines: sum(" | ready " in line for line in lines) == 4)
+        os.killpg(running.proc.pid, signal.SIGINT)
+        assert running.finish(30) == 130, running.lines
+    finally:
+        running.close()
+    said = [line for line in running.lines if line.startswith("corral: Ctrl-C")]
+    assert said == [
+        "corral: Ctrl-C: stopping 4 workers on 2 hosts (SIGKILL in 5 s); "
+        "Ctrl-C again kills them now"
+    ], running.lines
+    assert not any("Traceback" in line for line in running.lines), running.lines
