@@ -339,8 +339,14 @@ def _check_the_end(lines: list[str]) -> None:
     """Every line whole, each said once, no copy of the live block left, the summary last."""
     shown = [line for line in lines if line]
     assert [line for line in shown if not LIVE_LINE.fullmatch(line)] == [], "\n".join(lines)
+    said = {
+        (int(m["rank"]), m.group(0).split("| ", 1)[1].split()[0])
+        for m in map(LIVE_LINE.fullmatch, shown[:-1])
+        if m is not None
+    }
+    expected = {(rank, what) for rank in range(40) for what in ("step", "done", f"r{rank}")}
+    assert expected - said == set(), "\n".join(lines)
     assert len(shown) == 3 * 40 + 1, "\n".join(lines)
-    assert len(set(shown[:-1])) == 3 * 40, "\n".join(lines)
     assert shown[-1] == "40 processes in all: 40 exited"
     assert not any(HEADER.fullmatch(line) for line in lines)
 
@@ -633,3 +639,23 @@ def test_ctrl_c_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag
         "Ctrl-C again kills them now"
     ], running.lines
     assert not any("Traceback" in line for line in running.lines), running.lines
+
+
+#: A bar drawn once, in its final state, and ended a moment later: its state was
+#: logged to files at once (the first frame is), and the terminal must still keep it.
+ONE_FRAME_BAR = """
+import sys, time
+sys.stderr.write("\\rcopied 100%"); sys.stderr.flush()
+time.sleep(0.3)  # the end of the line comes in a read of its own
+sys.stderr.write("\\n"); sys.stderr.flush()
+"""
+
+
+def test_a_bar_logged_already_stays_on_the_terminal_as_a_line(
+    anyio_backend: str, tmp_path: Path, tag: str
+) -> None:
+    from tests.test_progress import _run_on_terminal, _screen
+
+    raw = _run_on_terminal(tmp_path, anyio_backend, [("bar", ONE_FRAME_BAR)], colour=False, tag=tag)
+    shown = [row for row in _screen(raw) if row]
+    assert len(shown) == 1 and re.fullmatch(r"\d\d:\d\d:\d\d corral\.bar \| copied 100%", shown[0])
