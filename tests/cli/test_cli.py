@@ -50,14 +50,24 @@ pytest_plugins = ["tests.helpers.hosts"]
 
 pytestmark = pytest.mark.timeout(30)
 
-#: ``HH:MM:SS source | message``: a line as the command shows it, prefix on.
-PREFIXED = re.compile(r"(?P<stamp>\d\d:\d\d:\d\d) (?P<source>\S+) \| (?P<message>.*)")
+#: ``HH:MM:SS source | message``: a line as the command shows it, prefix on; a worker's
+#: source comes after its global rank (``[2] agent-1.worker-0``).
+PREFIXED = re.compile(
+    r"(?P<stamp>\d\d:\d\d:\d\d) (?:\[(?P<rank>\d+)\] )?(?P<source>\S+) \| (?P<message>.*)"
+)
 #: The header of the live status table.
 HEADER = re.compile(r"name\s+state\s+pid\s+uptime\s+restarts\s+last exit")
 #: A row of the live status table.
 ROW = re.compile(
-    r"(?P<name>\S+)\s+(?P<state>running|exited|failed)\s+(?P<pid>\d+)\s+"
+    r"(?P<name>\S+)\s+(?P<state>running|exited|failed|stopped|killed|killing|stopping, \d+ s left)"
+    r"\s+(?P<pid>\d+)\s+"
     r"(?P<uptime>\d+:\d\d:\d\d)\s+(?P<restarts>\d+)\s+(?P<last>\S+)"
+)
+#: The header and a row of the summary left on a terminal at the end.
+SUMMARY_HEADER = re.compile(r"name\s+ended\s+how\s+ran for")
+SUMMARY_ROW = re.compile(
+    r"(?P<name>\S+)\s+(?P<ended>exited|failed|stopped|killed)\s+"
+    r"(?P<how>code \d+|SIG[A-Z]+)\s+(?P<ran>\d+:\d\d:\d\d)"
 )
 #: An SGR sequence (colours, bold...).
 SGR = re.compile(rb"\x1b\[[0-9;]*m")
@@ -289,6 +299,8 @@ def every_line_whole(lines: Sequence[str], allowed: re.Pattern[str]) -> list[str
                 "--ssh-user",
                 "--ssh-identity",
                 "--ssh-option",
+                "--ranks",
+                "--local-ranks-filter",
                 "RANK",
                 "WORLD_SIZE",
                 "130",
@@ -684,6 +696,13 @@ def test_run_every_line_prefixed_with_torchrun_environment(tmp_path: Path, tag: 
         ports.add(env[7])
         assert sorted(got[1:]) == [f"second {rank}", f"to stderr {rank}"]
     assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+    # Each worker's lines show its global rank (on one host: its local rank).
+    for match in map(PREFIXED.fullmatch, lines):
+        assert match is not None
+        if match["source"].startswith("agent-"):
+            assert match["rank"] == match["source"].rsplit("-", 1)[1], match.group(0)
+        else:
+            assert match["rank"] is None, match.group(0)
 
 
 def test_run_no_prefix(tmp_path: Path, tag: str) -> None:
@@ -730,9 +749,9 @@ def test_run_log_dir_and_name(tmp_path: Path, tag: str) -> None:
     ("script", "code", "failed"),
     [
         ('echo "ok $RANK"', 0, None),
-        ('[ $RANK = 1 ] && exit 3; echo "up $RANK"; exec sleep 30', 3, "exited with code 3"),
-        ("[ $RANK = 0 ] && kill -KILL $$; exec sleep 30", 137, "killed by SIGKILL"),
-        ("[ $RANK = 2 ] && kill -TERM $$; exec sleep 30", 143, "killed by SIGTERM"),
+        ('[ $RANK = 1 ] && exit 3; echo "up $RANK"; exec sleep 30', 3, "1 exited with code 3"),
+        ("[ $RANK = 0 ] && kill -KILL $$; exec sleep 30", 137, "0 was killed by SIGKILL"),
+        ("[ $RANK = 2 ] && kill -TERM $$; exec sleep 30", 143, "2 was killed by SIGTERM"),
     ],
     ids=["all-succeed", "exit-3", "sigkill", "sigterm"],
 )
@@ -744,10 +763,18 @@ def test_run_exit_code_is_the_first_failures(
     out = corral("run", "-n", "3", "--grace", "10", "--", *sh(script), cwd=tmp_path, tag=tag)
     assert out.returncode == code, out.stderr
     assert time.monotonic() - started < 10  # the others were stopped, not waited for
-    lines = shown(out)
+    lines = out.stdout.splitlines()
     assert [line for line in lines if not PREFIXED.fullmatch(line)] == []
-    if failed is not None:
-        assert any(failed in m for m in messages(lines, "run")), lines
+    if failed is None:
+        assert out.stderr == ""
+    else:
+        rank, _, how = failed.partition(" ")
+        assert any(how.removeprefix("was ") in m for m in messages(lines, "run")), lines
+        # On stderr: which rank, where, how it ended; it wrote nothing to stderr.
+        assert out.stderr.splitlines() == [
+            f"corral: rank {rank} (local rank {rank} on host localhost) {how} "
+            "(it wrote nothing to stderr)"
+        ]
 
 
 def test_run_restart_on_failure_restarts_the_whole_group(tmp_path: Path, tag: str) -> None:
@@ -1030,7 +1057,7 @@ def test_terminal_screen_colours_prefixes_and_status_table(tmp_path: Path, tag: 
         'echo "ready $RANK $$"; read x < fifo-$RANK; echo "done $RANK"'
     )
     log_line = re.compile(
-        r"\d\d:\d\d:\d\d agent-0\.worker-(?P<rank>[01]) \| "
+        r"\d\d:\d\d:\d\d \[(?P<rank>[01])\] agent-0\.worker-(?P=rank) \| "
         r"(?P<message>line \d+ of [01]|ready [01] \d+|done [01])"
     )
     term = Terminal(
@@ -1089,7 +1116,16 @@ def test_terminal_screen_colours_prefixes_and_status_table(tmp_path: Path, tag: 
     finally:
         term.close()
     lines = term.lines()
-    assert every_line_whole(lines, log_line) == [], lines
+    # The summary stays under the lines: each worker, how it ended, how long it ran.
+    last = max(y for y, line in enumerate(lines) if log_line.fullmatch(line))
+    summary = [line for line in lines[last + 1 :] if line]
+    assert len(summary) == 3 and SUMMARY_HEADER.fullmatch(summary[0]), lines[last:]
+    ended = [SUMMARY_ROW.fullmatch(line) for line in summary[1:]]
+    assert [(m["name"], m["ended"], m["how"]) for m in ended if m] == [
+        ("agent-0.worker-0", "exited", "code 0"),
+        ("agent-0.worker-1", "exited", "code 0"),
+    ], summary
+    assert every_line_whole(lines[: last + 1], log_line) == [], lines
     shown_messages = [m["message"] for m in map(log_line.fullmatch, lines) if m]
     expected = [f"line {i} of {r}" for r in range(2) for i in range(20)]
     expected += [f"ready {r} {pids[f'agent-0.worker-{r}']}" for r in range(2)]
@@ -1102,16 +1138,20 @@ def test_terminal_screen_colours_prefixes_and_status_table(tmp_path: Path, tag: 
 def test_terminal_no_color_and_no_status(tmp_path: Path, tag: str, option: str) -> None:
     """The workers run for 1.2 s: long enough for two redraws of a status table."""
     script = 'echo "ready $RANK"; sleep 1.2; echo "done $RANK"'
-    log_line = re.compile(r"\d\d:\d\d:\d\d agent-0\.worker-[01] \| (ready|done) [01]")
+    log_line = re.compile(r"\d\d:\d\d:\d\d \[[01]\] agent-0\.worker-[01] \| (ready|done) [01]")
     argv = corral_argv("run", "-n", "2", option, "--", *sh(script))
     term = Terminal(argv, cwd=tmp_path, env=environ(tag))
     try:
         assert term.finish() == 0
     finally:
         term.close()
-    lines = term.lines()
+    lines = [line for line in term.lines() if line]
+    if option == "--no-color":  # the summary of the table stays at the end
+        assert SUMMARY_HEADER.fullmatch(lines[4]) and len(lines) == 7, lines
+        assert all(SUMMARY_ROW.fullmatch(line) for line in lines[5:]), lines
+        lines = lines[:4]
     assert every_line_whole(lines, log_line) == [], lines
-    assert len([line for line in lines if line]) == 4
+    assert len(lines) == 4
     if option == "--no-color":
         assert SGR.search(term.raw) is None, bytes(term.raw)
         assert b"last exit" in term.raw  # the table was there, without colours
@@ -1152,7 +1192,10 @@ def test_terminal_status_table_taller_than_the_terminal(tmp_path: Path, tag: str
     count = 12
     fifos = make_fifos(tmp_path, count)
     script = 'echo "ready $RANK"; read x < fifo-$RANK; echo "done $RANK"'
-    log_line = re.compile(r"\d\d:\d\d:\d\d agent-0\.worker-\d+ \| (ready|done) \d+")
+    log_line = re.compile(
+        r"\d\d:\d\d:\d\d \[\d+\] agent-0\.worker-\d+ \| (ready|done) \d+"
+        r"|12 processes in all: 12 exited"  # the summary, too many rows for 10 lines
+    )
     argv = corral_argv("run", "-n", str(count), "--", *sh(script))
     term = Terminal(argv, cwd=tmp_path, env=environ(tag), rows=10)
     try:
@@ -1200,7 +1243,8 @@ def test_up_env_port_and_concurrency(
     assert messages(lines, "web.2") == [f"web {base + 1} hello world"]
     assert messages(lines, "worker.1") == [f"worker {base + 100} hello world"]
     assert any("worker.1 exited with code 3" in m for m in messages(lines, "up")), lines
-    assert [line for line in lines if not PREFIXED.fullmatch(line)] == []
+    assert [line for line in out.stdout.splitlines() if not PREFIXED.fullmatch(line)] == []
+    assert out.stderr == "corral: worker.1 exited with code 3 (it wrote nothing to stderr)\n"
 
 
 def test_up_env_file_option(tmp_path: Path, tag: str) -> None:
@@ -1320,9 +1364,14 @@ def test_run_on_two_ssh_hosts(
         tag=tag,
         timeout=50,
     )
-    lines = shown(out)
-    assert out.returncode == (6 if fail else 0), lines
+    lines = out.stdout.splitlines()
+    assert out.returncode == (6 if fail else 0), shown(out)
     assert [line for line in lines if not PREFIXED.fullmatch(line)] == [], lines
+    for match in map(PREFIXED.fullmatch, lines):  # the global rank before each worker
+        assert match is not None
+        worker = re.fullmatch(r"agent-(\d)\.worker-(\d)", match["source"])
+        if worker is not None:
+            assert match["rank"] == str(2 * int(worker[1]) + int(worker[2])), match.group(0)
     for group in range(2):
         for local in range(2):
             rank = 2 * group + local
@@ -1336,8 +1385,13 @@ def test_run_on_two_ssh_hosts(
         assert any(m.startswith("worker-1 (pid") for m in said), "\n".join(lines)
         # Once, under its source: not repeated as a logger name in the message.
         assert not any(m.startswith("agent-1:") for m in messages(lines, "agent-1")), lines
-        # And the command says which worker failed, last.
-        assert "rank 3" in messages(lines, "run")[-1], lines
+        # And the command says on stderr which worker failed, where, how, and its last words.
+        assert out.stderr == (
+            f"corral: rank 3 (local rank 1 on host {b}) exited with code 6; "
+            "its last stderr lines:\n  err 3\n"
+        ), out.stderr
+    else:
+        assert out.stderr == ""
 
 
 @pytest.mark.timeout(60)

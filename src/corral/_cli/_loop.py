@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import errno
-import io
 import logging
 import os
+import signal
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO, TypeVar, cast
 
 import anyio
 import anyio.to_thread
 
+from ._console import CommandConsole
 from ._group import Output
 from ._io import EXIT_PIPE, Stdout, fail, say
+from ._status import Status
 
 if TYPE_CHECKING:
-    from corral import ConsoleHandler, Process, Runner
+    from corral import Runner
 
     from .._sys._backend import LoopHandle
 
@@ -35,72 +35,19 @@ class Job(Protocol):
     def programs(self) -> Sequence[str]:
         """The programs it starts (an OS error about one of them is the shell's "cannot run")."""
 
+    @property
+    def label(self) -> Callable[[str], str | None] | None:
+        """What the console shows of each source (``None``: not shown); see ConsoleHandler."""
+
+    @property
+    def grace(self) -> float:
+        """The grace period of its processes' stop."""
+
+    @property
+    def what(self) -> str:
+        """What a stop stops: ``"4 workers"``, ``"3 processes"``."""
+
     async def __call__(self, r: Runner, status: Status) -> int: ...
-
-
-@dataclass
-class Status:
-    """The live status table: what the runner's processes are doing."""
-
-    restarts: int = 0
-    seen: dict[str, Process] = field(default_factory=dict)
-    #: The last exit code of each name, whichever Process object it was (a
-    #: group restart starts new ones), recorded as it happens.
-    last: dict[str, int] = field(default_factory=dict)
-    changed: anyio.Event = field(default_factory=anyio.Event)
-
-    def observe(self, proc: Process, state: str) -> None:
-        """A runner observer (on the loop): note exits, redraw soon."""
-        if state == "exited" and proc.returncode is not None:
-            self.last[proc.name] = proc.returncode
-        self.changed.set()
-
-    def rows(self, processes: Sequence[Process]) -> Iterator[tuple[str, ...]]:
-        for proc in processes:
-            self.seen[proc.name] = proc
-        now = time.monotonic()
-        for name, proc in self.seen.items():
-            code = proc.returncode
-            if code is None:
-                state = "running"
-                uptime = _duration(now - proc.started_at)
-            else:
-                state = "exited" if code == 0 else "failed"
-                uptime = _duration(proc.duration or 0.0)
-            last = code if code is not None else self.last.get(name, proc.previous_exit)
-            yield (
-                name,
-                state,
-                str(proc.pid),
-                uptime,
-                str(proc.restarts or self.restarts),
-                "-" if last is None else str(last),
-            )
-
-    def render(self, processes: Sequence[Process], width: int, colour: bool) -> list[bytes]:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-        for column in ("name", "state", "pid", "uptime", "restarts", "last exit"):
-            table.add_column(column, no_wrap=True)
-        for row in self.rows(processes):
-            style = {"running": "green", "failed": "red"}.get(row[1], "")
-            table.add_row(*row, style=style)
-        buffer = io.StringIO()
-        console = Console(
-            file=buffer,
-            width=width,
-            force_terminal=colour,
-            color_system="standard" if colour else None,
-        )
-        console.print(table)
-        return [line.encode() for line in buffer.getvalue().rstrip("\n").split("\n")]
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def check_written(stdout: Stdout) -> None:
@@ -198,54 +145,121 @@ def _first(group: BaseExceptionGroup[BaseException], kind: type[_E]) -> _E | Non
 async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
     import corral
 
-    console = corral.ConsoleHandler(
+    console = CommandConsole(
         cast(TextIO, stdout),
         colour=output.colour,
         prefix="relative" if output.prefix else "none",
+        label=job.label,
     )
     console.setLevel(logging.INFO)
-    status = Status()
+    status = Status(grace=job.grace)
     code: int | None = None
-    async with corral.open_runner(
-        name=name,
-        console=False,
-        handlers=[console],
-        log_dir=output.log_dir,
-        handle_signals=True,
-        monitor=output.monitor,
-    ) as r:
-        loop = r.token.loop
-        stdout.when_gone(lambda: call_soon(loop, r.cancel))
-        r.add_observer(status.observe)
-        if r.monitor_url is not None:
-            say(f"corral: monitor at {r.monitor_url}")
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(stdout.watch)
-                if output.status and console.terminal:
-                    tg.start_soon(_show_status, r, console, status)
-                code = await job(r, status)
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(console.set_footer, [])
-    console.close()
+    runner: list[Runner] = []
+    try:
+        async with anyio.create_task_group() as shows:
+            try:
+                async with corral.open_runner(
+                    name=name,
+                    console=False,
+                    handlers=[console],
+                    log_dir=output.log_dir,
+                    handle_signals=True,
+                    monitor=output.monitor,
+                ) as r:
+                    runner.append(r)
+                    console.interrupted = lambda: r.received_signal == signal.SIGINT
+                    loop = r.token.loop
+                    stdout.when_gone(lambda: call_soon(loop, r.cancel))
+                    r.add_observer(status.observe)
+                    if r.monitor_url is not None:
+                        say(f"corral: monitor at {r.monitor_url}")
+                    if output.status and console.terminal:
+                        # Outside the runner's scope: the table goes on during the stop.
+                        shows.start_soon(_show_status, r, console, status)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(stdout.watch)
+                        tg.start_soon(_notice_stop, r, console, status, job)
+                        code = await job(r, status)
+                        tg.cancel_scope.cancel()
+            finally:
+                shows.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_end, console, output, status, runner)
     if stdout.gone or code is None:
         return EXIT_PIPE  # the runner was cancelled for it
     return code
 
 
-async def _show_status(r: Runner, console: ConsoleHandler, status: Status) -> None:
+async def _notice_stop(r: Runner, console: CommandConsole, status: Status, job: Job) -> None:
+    """Wait for the runner's scope to be cancelled; after a signal, say what it stops.
+
+    The job itself notices only once its processes are stopped (a launch
+    stops its workers shielded), this at once.
+    """
+    try:
+        await anyio.sleep_forever()
+    finally:
+        received = r.received_signal
+        if received is not None:
+            status.stopping()
+            why = "Ctrl-C" if received == signal.SIGINT else received.name
+            text = (
+                f"corral: {why}: stopping {job.what} (SIGKILL in {status.grace:g} s); "
+                "Ctrl-C again kills them now"
+            )
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(console.say, text)
+
+
+def _end(console: CommandConsole, output: Output, status: Status, runner: list[Runner]) -> None:
+    """At the end: the live table gives way to the summary, then the failure, on stderr."""
+    console.set_footer([])
+    console.close()
+    stream: TextIO | None = None
+    if output.status and console.terminal:
+        stream = console.stream
+    elif output.status and sys.stderr.isatty():
+        stream = sys.stderr
+    if stream is not None:
+        lines = status.summary(console.width - 1, bool(console.colour), console.height // 2)
+        if lines:
+            _write(stream, "\n".join(lines) + "\n")
+    said = []
+    if status.failure is not None:
+        said.append(status.failure)
+    if console.hidden:
+        where = f"in {runner[0].log_path}" if runner and runner[0].log_path else "not kept"
+        tracebacks = "traceback" if console.hidden == 1 else "tracebacks"
+        said.append(
+            f"corral: {console.hidden} KeyboardInterrupt {tracebacks} of the stop not shown "
+            f"({where}{'' if where != 'not kept' else '; --log-dir keeps them'})"
+        )
+    if said:
+        _write(sys.stderr, "\n".join(said) + "\n")
+
+
+def _write(stream: TextIO, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # nobody reads it any more
+
+
+async def _show_status(r: Runner, console: CommandConsole, status: Status) -> None:
     """Redraw the status table on every start and exit, and twice a second.
 
-    The drawing runs on the log handlers' thread, never at the same time as
-    a batch of lines.
+    It goes on while the runner stops its processes (it runs outside the
+    runner's scope), so that the table shows each one stopping.
     """
     while True:
         status.changed = anyio.Event()
-        width = console.width
-        lines = status.render(r.processes, width, bool(console.colour))
-        await r.to_log_thread(console.set_footer, lines)
+        # The table leaves the bars half the room, if they need it.
+        room = console.room
+        height = max(room - min(console.bars, room // 2), 2)
+        lines = status.render(r.processes, console.width - 1, bool(console.colour), height)
+        await anyio.to_thread.run_sync(console.set_footer, lines)
         with anyio.move_on_after(0.5):
             await status.changed.wait()
         await anyio.sleep(0.05)  # a burst of exits is drawn once

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ import click
 
 from .._launch._hosts import MAX_WORKERS, workers_here
 from .._launch._options import DEFAULT_LINK_TIMEOUT
+from ._console import rank_label
 from ._group import (
     CONTEXT,
     MAX_COPIES,
@@ -27,6 +29,7 @@ from ._group import (
 from ._io import exit_code, say, shorten
 from ._loop import Status, main_loop
 from ._procfile import EnvFileError, parse_env_file, read_input_file
+from ._status import describe_failure
 
 if TYPE_CHECKING:
     from corral import SSH, Runner
@@ -224,6 +227,20 @@ class _Nproc(click.ParamType[int]):
     callback=text_option,
     help="An extra ssh argument (repeatable).",
 )
+@click.option(
+    "--ranks",
+    metavar="R1,R2",
+    callback=lambda _ctx, _param, value: _rank_list(value, "--ranks"),
+    help="Show only these global ranks' lines on the console (files and the monitor keep all).",
+)
+@click.option(
+    "--local-ranks-filter",
+    "--local_ranks_filter",
+    "local_ranks",
+    metavar="L1,L2",
+    callback=lambda _ctx, _param, value: _rank_list(value, "--local-ranks-filter"),
+    help="torchrun's filter: show only these local ranks (on every host) on the console.",
+)
 @output_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
@@ -239,6 +256,8 @@ def run(
     ssh_user: str | None,
     ssh_identity: str | None,
     ssh_option: tuple[str, ...],
+    ranks: frozenset[int] | None,
+    local_ranks: frozenset[int] | None,
     log_dir: str | None,
     no_prefix: bool,
     no_color: bool,
@@ -315,6 +334,7 @@ def run(
         link_timeout,
         extra_env,
     )
+    job.label = rank_label(_per_host(nproc, host_list), ranks, local_ranks)
     main_loop(name, output, job)
 
 
@@ -336,6 +356,32 @@ def _extra_env(env_files: tuple[str, ...], env_vars: tuple[str, ...]) -> dict[st
     return env
 
 
+def _rank_list(value: str | None, option: str) -> frozenset[int] | None:
+    """``"0,3"`` as ranks; ``None`` if the option was not given."""
+    if value is None:
+        return None
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not items or not all(item.isdigit() and len(item) <= 6 for item in items):
+        raise click.BadParameter(
+            f"{value[:40]!r} is not a comma-separated list of ranks (0,3)", param_hint=option
+        )
+    return frozenset(int(item) for item in items)
+
+
+def _per_host(nproc: int | None, hosts: list[str] | str | None) -> int:
+    """The workers on each host: rank ``i * per_host + j`` is agent ``i``'s worker ``j``."""
+    if nproc is not None:
+        return nproc
+    if hosts == "slurm":
+        from .._launch._hosts import slurm_workers_per_host
+
+        try:
+            return slurm_workers_per_host()
+        except (RuntimeError, OSError, ValueError):
+            return 1
+    return 1
+
+
 @dataclass
 class _RunJob:
     argv: list[str]
@@ -349,11 +395,21 @@ class _RunJob:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: The run's id for every attempt, as torchrun keeps one across restarts.
     run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    #: The console's label of each source (the global rank), set by the command.
+    label: Callable[[str], str | None] | None = None
 
     @property
     def programs(self) -> list[str]:
         """The programs the job starts."""
         return self.argv[:1]
+
+    @property
+    def what(self) -> str:
+        """What a stop stops."""
+        hosts = 1 if not isinstance(self.hosts, list) else len(self.hosts)
+        count = (self.nproc or 1) * hosts
+        where = "" if hosts == 1 else f" on {hosts} hosts"
+        return f"{count} worker{'s' if count != 1 else ''}{where}"
 
     async def __call__(self, r: Runner, status: Status) -> int:
         import corral
@@ -381,10 +437,17 @@ class _RunJob:
                 return 0
             except corral.WorkerFailed as failure:
                 if self.restart != "on-failure" or attempt >= self.max_restarts:
-                    r.log(logging.ERROR, str(failure).split("\n", 1)[0])
+                    status.stopping()
+                    where = f"local rank {failure.local_rank} on host {failure.host}"
+                    status.failure = describe_failure(
+                        f"rank {failure.rank} ({where})",
+                        failure.returncode,
+                        failure.stderr,
+                        failure.remote_traceback,
+                    )
                     return exit_code(failure.returncode if failure.returncode is not None else 1)
                 attempt += 1
-                status.restarts = attempt
+                status.restarted(attempt)
                 # The library's policy: 1 s doubled each time, with jitter, at most 30 s.
                 delay = RestartPolicy("on-failure", self.max_restarts).delay(attempt)
                 r.log(

@@ -16,6 +16,7 @@ from ._group import CONTEXT, MAX_COPIES, Output, output_options, run_name
 from ._io import exit_code, shorten
 from ._loop import Status, main_loop
 from ._procfile import EnvFileError, ProcfileError, parse_env_file, parse_procfile, read_input_file
+from ._status import describe_failure
 
 if TYPE_CHECKING:
     from corral import Process, Runner
@@ -217,6 +218,14 @@ class _UpJob:
 
     #: The programs the job starts: each command runs through the shell.
     programs = ("/bin/sh",)
+    #: Every source is shown as it is.
+    label = None
+
+    @property
+    def what(self) -> str:
+        """What a stop stops."""
+        count = sum(self.counts.values())
+        return f"{count} process{'es' if count != 1 else ''}"
 
     async def __call__(self, r: Runner, status: Status) -> int:
         for notice in self.notices:
@@ -252,6 +261,7 @@ class _UpJob:
                 tg.start_soon(watch, proc)
             await first.wait()
             proc = ended[0]
+            status.stopping()
             r.log(
                 logging.INFO,
                 f"{proc.name} exited with code {proc.returncode}: stopping the others",
@@ -259,5 +269,7 @@ class _UpJob:
             tg.cancel_scope.cancel()
         code = ended[0].returncode
         assert code is not None  # it was waited for
+        if code != 0 and r.received_signal is None:
+            status.failure = describe_failure(ended[0].name, code, ended[0].stderr_tail)
         r.cancel()
         return exit_code(code)

@@ -170,6 +170,12 @@ class Runner:
         return self._monitor.url
 
     @property
+    def received_signal(self) -> signal.Signals | None:
+        """The stop signal that reached the runner (set before its children get it), or None."""
+        received = None if self._scope.signals is None else self._scope.signals.received
+        return None if received is None else signal.Signals(received)
+
+    @property
     def processes(self) -> tuple[Process, ...]:
         """The children that are running now, in the order they were started."""
         return self._children.live

@@ -126,6 +126,10 @@ class Supervisor:
         self.user_streams: list[UserStream] = []
         self._restarts_in_a_row = 0
         self._left = False
+        #: The run whose SIGKILL at the end of its grace was announced: a stop
+        #: the runner's scope makes and one a caller asks for may overlap, and
+        #: the kill is announced once.
+        self._kill_said: Run | None = None
         self.run = self._make_run(spawned)
 
     # -- what its process reads -------------------------------------------------------
@@ -237,7 +241,8 @@ class Supervisor:
         with anyio.move_on_after(grace) as grace_period:
             await outlast_native_cancel(run.leader_exited.wait, grace_period)
         if not run.leader_exited.is_set():
-            if grace > 0:
+            if grace > 0 and self._kill_said is not run:
+                self._kill_said = run
                 self._services.hub.log(
                     logging.WARNING,
                     f"{self.name} (pid {run.pid}) did not stop within {grace:g} s; killing it",

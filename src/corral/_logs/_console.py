@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Final, TextIO
 
 from ._records import believable, format_message, source_of, wire_message
@@ -29,6 +31,19 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     ``prefix`` chooses the prefix: ``"source"`` (the default: time and full
     source), ``"relative"`` (time and the source within the runner, as the
     ``corral`` command shows it) or ``"none"`` (the bare lines).
+
+    ``label``, if given, is called once with each source's name as the
+    prefix would show it; it returns the text to show instead (the
+    ``corral`` command shows ``[2] agent-1.worker-0`` for global rank 2),
+    or ``None`` to keep that source's lines, records and bars off this
+    console (``corral run --ranks``).  Other handlers are not affected.
+
+    The pinned lines (bars, and a footer such as the ``corral`` command's
+    status table) take at most a third of the terminal's height, and never a
+    line wider than it.  When the terminal is resized they are cleared as a
+    terminal that rewraps its lines (most do: VTE, iTerm2, kitty, tmux,
+    Windows Terminal) shows them: a line drawn 100 columns wide takes two
+    rows once the terminal is 60 columns wide.
     """
 
     def __init__(
@@ -37,11 +52,14 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         *,
         colour: bool | None = None,
         prefix: str = "source",
+        label: Callable[[str], str | None] | None = None,
     ) -> None:
         logging.StreamHandler.__init__(self, stream if stream is not None else sys.stderr)
         if prefix not in ("source", "relative", "none"):
             raise ValueError(f"prefix must be 'source', 'relative' or 'none', not {prefix!r}")
         self.prefix = prefix
+        self._label = label
+        self._labels: dict[str, str | None] = {}
         isatty = getattr(self.stream, "isatty", None)
         self.terminal = bool(isatty and isatty())
         if colour is None:
@@ -52,8 +70,12 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         self._stamps = Stamps("%H:%M:%S")
         self._styles: _Styles | None = _Styles() if colour else None
         self._prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
-        self._bars: OrderedDict[tuple[str, str | None], bytes] = OrderedDict()
-        self._drawn = 0
+        #: Each bar: its prefix as drawn (coloured), as text, and the bar's text.
+        self._bars: OrderedDict[tuple[str, str | None], tuple[bytes, str, str]] = OrderedDict()
+        #: The display width of each pinned line drawn last, and the terminal's
+        #: width then: what clearing them must go back over.
+        self._drawn: list[int] = []
+        self._drawn_columns = 80
         self._write_lock = threading.Lock()
 
     def _plain(self) -> bool:
@@ -62,19 +84,31 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
 
     # -- text --------------------------------------------------------------------------
 
-    def _shown(self, source: str) -> str:
-        if self.prefix == "relative":
-            _, dot, rest = source.partition(".")
-            return rest if dot else source
-        return source
+    def _shown(self, source: str) -> str | None:
+        """What the prefix shows of ``source``; ``None`` if it is not shown at all."""
+        shown = self._labels.get(source, "")
+        if shown == "":
+            shown = source
+            if self.prefix == "relative":
+                _, dot, rest = source.partition(".")
+                shown = rest if dot else source
+            if self._label is not None:
+                shown = self._label(shown)
+            if len(self._labels) > 4096:
+                self._labels.clear()
+            self._labels[source] = shown
+        return shown
 
-    def _source_prefix(self, source: str, created: float) -> tuple[bytes, bytes]:
+    def _source_prefix(self, source: str, created: float) -> tuple[bytes, bytes] | None:
         second = int(created)
         key = (source, second)
         cached = self._prefixes.get(key)
         if cached is None:
             stamp = self._stamps(created)
-            source = self._shown(source)
+            shown = self._shown(source)
+            if shown is None:
+                return None
+            source = shown
             if self.prefix == "none":
                 text = bare = ""
             elif self._styles is None:
@@ -90,7 +124,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         return cached
 
     def format(self, record: logging.LogRecord) -> str:
-        source = self._shown(source_of(record))
+        source = self._shown(source_of(record)) or source_of(record)
         stamp = self._stamps(record.created)
         message = format_message(record)
         if self.prefix == "none":
@@ -103,6 +137,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if self._label is not None and self._shown(source_of(record)) is None:
+                return
             self._write((self.format(record) + self.terminator).encode("utf-8", "replace"))
         except Exception:
             self.handleError(record)
@@ -110,14 +146,20 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     def write_lines(
         self, source: Source, stream: str, level: int, created: float, text: bytes
     ) -> None:
-        prefix, _ = self._source_prefix(source.name, created)
+        prefixes = self._source_prefix(source.name, created)
+        if prefixes is None:
+            return
+        prefix = prefixes[0]
         self._write(prefix + text.replace(b"\n", b"\n" + prefix) + b"\n")
 
     def write_wire(self, source: Source, records: list[Record]) -> None:
         styles = self._styles
         parts: list[str] = []
         for rec in records:
-            prefix, _ = self._source_prefix(source.name, believable(rec.created))
+            prefixes = self._source_prefix(source.name, believable(rec.created))
+            if prefixes is None:
+                return
+            prefix = prefixes[0]
             message = wire_message(rec)
             if styles is not None and rec.level >= logging.WARNING:
                 message = styles.level(rec.level, message)
@@ -130,10 +172,12 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
             if frame is None:
                 self._bars.pop(key, None)
             else:
-                prefix, bare = self._source_prefix(source.name, time.time())
-                width = self.width - len(bare) - 1
-                text = frame.decode("utf-8", "replace")[: max(width, 8)]
-                self._bars[key] = prefix + text.encode()
+                prefixes = self._source_prefix(source.name, time.time())
+                if prefixes is None:
+                    return
+                prefix, bare = prefixes
+                text = frame.decode("utf-8", "replace")
+                self._bars[key] = (prefix, bare.decode(), _CONTROL.sub("", text))
             self._redraw(b"")
 
     # -- the terminal ------------------------------------------------------------------
@@ -146,23 +190,63 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         except (OSError, ValueError, AttributeError):
             return 80
 
-    def _height(self) -> int:
+    @property
+    def height(self) -> int:
+        """The height of the terminal it writes to, in rows (24 when it is not one)."""
         try:
             return os.get_terminal_size(self.stream.fileno()).lines
         except (OSError, ValueError, AttributeError):
             return 24
+
+    @property
+    def bars(self) -> int:
+        """How many progress bars are drawn in place now."""
+        return len(self._bars)
+
+    @property
+    def room(self) -> int:
+        """The rows the pinned lines (bars and footer) may take: a third of the terminal's.
+
+        So that they still fit on the screen when a resize to half the width
+        rewraps each of them onto two rows.
+        """
+        height = self.height
+        return max(min(height - 1, max(height // 3, 3)), 1)
 
     def set_footer(self, lines: list[bytes]) -> None:
         """Pin ``lines`` (a status view) under the scrolling lines and the bars; redraw now.
 
         Blocking terminal I/O: call it where the log handlers run, not on the
         event loop.  On a stream that is not a terminal it does nothing.
+        Lines wider than the terminal are cut; the footer and the bars take
+        ``room`` rows at most, the footer first.
         """
         if not self.terminal:
             return
         with self._write_lock:
             self._footer = list(lines)
             self._redraw(b"")
+
+    def say(self, text: str, stream: TextIO | None = None) -> None:
+        """Write ``text`` (a line of the program's own) to ``stream`` (stderr by default).
+
+        The pinned lines are cleared first and drawn again after it when
+        ``stream`` shows on the same terminal, so they are not garbled.
+        Blocking I/O, as :meth:`set_footer`.
+        """
+        target = stream if stream is not None else sys.stderr
+        with self._write_lock:
+            pinned = bool(self._drawn)
+            if pinned:
+                self._raw(_controls().clear_lines(self._rows()))
+                self._drawn = []
+            try:
+                target.write(text if text.endswith("\n") else text + "\n")
+                target.flush()
+            except (OSError, ValueError):
+                pass  # nobody reads it any more: nothing to say it on
+            if pinned or self._bars:
+                self._redraw(b"")
 
     def _write(self, data: bytes) -> None:
         with self._write_lock:
@@ -171,20 +255,43 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
             else:
                 self._raw(data)
 
+    def _rows(self) -> int:
+        """The rows the pinned lines drawn last take now (the terminal may have been resized).
+
+        A terminal that rewraps on a resize shows a line as wide as ``w`` on
+        ``ceil(w / columns)`` rows; lines were never drawn wider than the
+        terminal was then, so without a resize each takes one row.
+        """
+        if not self._drawn:
+            return 0
+        columns = self.width
+        if columns >= self._drawn_columns:
+            return len(self._drawn)
+        return sum(max(1, -(-width // max(columns, 1))) for width in self._drawn)
+
     def _redraw(self, data: bytes) -> None:
         """Clear the pinned lines, write ``data`` above them, draw them again (lock held)."""
         controls = _controls()
-        out = [controls.clear_lines(self._drawn), data]
-        pinned = [*self._bars.values(), *self._footer]
+        out = [controls.clear_lines(self._rows()), data]
+        columns = max(self.width - 1, 1)  # never the last column: no wrap pending
+        height = self.height
         # The cursor cannot go above the top of the screen: pinned lines that
         # scrolled off it could never be cleared, and would stay in the
-        # scrollback.  So at most a screenful, less a line, is pinned.
-        room = max(self._height() - 1, 1)
-        if len(pinned) > room:
-            hidden = len(pinned) - room + 1
-            pinned = [*pinned[: room - 1], f"... and {hidden} more lines".encode()]
-        out.append(b"\n".join(pinned))
-        self._drawn = len(pinned)
+        # scrollback.  So they take a third of the screen at most.
+        room = self.room
+        footer = [_cut(line, columns) for line in self._footer[:room]]
+        bars = [_bar(*bar, columns) for bar in list(self._bars.values())[:height]]
+        space = room - len(footer)
+        if len(bars) > space:
+            hidden = len(bars) - max(space - 1, 0)
+            bars = bars[: max(space - 1, 0)]
+            if space > 0:
+                more = f"... and {hidden} more progress bar{'s' if hidden != 1 else ''}"
+                bars.append(_cut(more.encode(), columns))
+        pinned = [*bars, *footer]
+        out.append(b"\n".join(line for line, _ in pinned))
+        self._drawn = [width for _, width in pinned]
+        self._drawn_columns = columns + 1
         self._raw(b"".join(out))
 
     def _raw(self, data: bytes) -> None:
@@ -204,11 +311,53 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     def close(self) -> None:
         with self._write_lock:
             if self._drawn:
-                self._raw(_controls().clear_lines(self._drawn))
-                self._drawn = 0
+                self._raw(_controls().clear_lines(self._rows()))
+                self._drawn = []
             self._bars.clear()
             self._footer = []
         super().close()
+
+
+#: What is not text on a terminal: escape sequences and control characters.
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x1f\x7f]")
+
+
+def _cut(line: bytes, columns: int) -> tuple[bytes, int]:
+    """``line`` as drawn, cut to ``columns`` cells, and the cells it takes.
+
+    A line that is too wide is drawn as its text alone, without colours.
+    """
+    from rich.cells import cell_len
+
+    shown = _CONTROL.sub("", line.decode("utf-8", "replace"))
+    width = cell_len(shown)
+    if width <= columns:
+        return line, width
+    return _chop(shown, columns)
+
+
+def _bar(prefix: bytes, bare: str, text: str, columns: int) -> tuple[bytes, int]:
+    """A bar's line: its prefix and as much of its text as ``columns`` cells hold."""
+    from rich.cells import cell_len
+
+    used = cell_len(bare)
+    if used + 8 > columns:
+        return _chop(bare + text, columns)
+    chopped, width = _chop(text, columns - used)
+    return prefix + chopped, used + width
+
+
+def _chop(text: str, columns: int) -> tuple[bytes, int]:
+    """The start of ``text`` (no controls in it) that fits in ``columns`` cells, and its width."""
+    from rich.cells import get_character_cell_size
+
+    width = 0
+    for index, char in enumerate(text):
+        size = get_character_cell_size(char)
+        if width + size > columns:
+            return text[:index].encode(), width
+        width += size
+    return text.encode(), width
 
 
 class _Styles:

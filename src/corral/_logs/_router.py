@@ -264,6 +264,9 @@ class Router:
                 self._end_bar(state)
                 first, newline, rest = complete.partition(b"\n")
                 if first == logged:
+                    # Files and handlers have it; a terminal showed it as a bar, taken
+                    # down now: there it becomes a line, as on the child's terminal.
+                    self._live_line(state, first, chunk.created, touched)
                     complete = rest if newline else None
             if complete is not None:
                 self._emit_lines(state, complete, chunk.created, deliveries, touched)
@@ -273,6 +276,20 @@ class Router:
         if pending and b"\r" in (pending[:-1] if pending.endswith(b"\r") else pending):
             state.pending = _newest_frame(pending)
             self._progress(state, chunk.created, deliveries, touched)
+
+    def _live_line(
+        self, state: StreamState, text: bytes, created: float, touched: set[BlockSink]
+    ) -> None:
+        """A bar's last state, logged already, to the sinks that draw bars: as a line."""
+        stream = state.stream or "stdout"
+        text = text.decode("utf-8", "replace").encode("utf-8")
+        for sink in self._targets(state.source, state.level).sinks:
+            if sink.live_progress:
+                try:
+                    sink.write_lines(state.source, stream, state.level, created, text)
+                except Exception:
+                    self._report(sink)
+                touched.add(sink)
 
     def _emit_lines(
         self,
