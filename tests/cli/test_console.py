@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 import pytest
-from tests.conftest import TAG_VAR, ListHandler
-from tests.test_cli import (
+from tests.cli.test_cli import (
     HEADER,
     PREFIXED,
     SUMMARY_HEADER,
@@ -42,13 +41,14 @@ from tests.test_cli import (
     sh,
     ssh_args,
 )
+from tests.helpers.processes import TAG_VAR, ListHandler
 
 import corral as corral_lib
 
 if TYPE_CHECKING:
-    import _hosts
+    from tests.helpers import hosts as _hosts
 
-pytest_plugins = ["_hosts"]
+pytest_plugins = ["tests.helpers.hosts"]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -654,7 +654,7 @@ sys.stderr.write("\\n"); sys.stderr.flush()
 def test_a_bar_logged_already_stays_on_the_terminal_as_a_line(
     anyio_backend: str, tmp_path: Path, tag: str
 ) -> None:
-    from tests.test_progress import _run_on_terminal, _screen
+    from tests.logs.test_progress import _run_on_terminal, _screen
 
     raw = _run_on_terminal(tmp_path, anyio_backend, [("bar", ONE_FRAME_BAR)], colour=False, tag=tag)
     shown = [row for row in _screen(raw) if row]
