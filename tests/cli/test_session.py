@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tests.helpers.processes import TAG_VAR, tagged_pids, wait_gone
 
-TESTS = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 SLOT = int(os.environ.get("CORRAL_TEST_SLOT", "0"))
 #: The sub-session's slot: another one than ours.
 INNER_SLOT = (SLOT + 5) % 10

@@ -320,9 +320,15 @@ async def test_error_files_are_in_a_private_folder_removed_after_the_launch(tag:
 @pytest.mark.timeout(90)
 def test_restart_count_and_run_id_across_restarts(tmp_path: Path, tag: str) -> None:
     """``--max-restarts 1`` alone restarts; the workers see the count and one run id."""
+    # Rank 1 fails once rank 0 has said its line (a failure stops the other rank at once).
+    mark = tmp_path / "said"
     script = (
         'echo "env $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS '
-        '$TORCHELASTIC_RUN_ID"; exit 3'
+        '$TORCHELASTIC_RUN_ID"; '
+        f"touch {mark}-$TORCHELASTIC_RESTART_COUNT-$RANK; "
+        'if [ "$RANK" = 1 ]; then '
+        f"while [ ! -e {mark}-$TORCHELASTIC_RESTART_COUNT-0 ]; do sleep 0.01; done; exit 3; "
+        "fi; exec sleep 1000"
     )
     out = run(
         corral_argv(

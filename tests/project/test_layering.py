@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "corral"
-TESTS = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 MAX_LINES = 600
 MAX_MODULES = 14
 

@@ -243,6 +243,9 @@ def describe_failure(
         how = f"exited with code {returncode}"
     text = f"corral: {who} {how}"
     tail = stderr.decode("utf-8", "replace").rstrip().splitlines()[-lines:]
+    said = [line for line in traceback.splitlines() if line.strip()]
+    if said and returncode is not None:
+        text += f": {said[-1].strip()}"  # the exception torch's @record wrote down
     if traceback.strip():
         text += ":\n" + "\n".join("  " + line for line in traceback.rstrip().splitlines())
     elif tail:
