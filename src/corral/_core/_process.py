@@ -91,8 +91,8 @@ class Process(anyio.abc.Process):
 
     @property
     def stop_requested(self) -> bool:
-        """Whether a stop was asked for: :meth:`stop`, :meth:`terminate`, :meth:`kill`, a
-        signal the runner passed on, or the runner's own stop.
+        """Whether a stop was asked for, by :meth:`stop`, :meth:`terminate` or :meth:`kill`,
+        a signal the runner passed on, or the runner's own stop.
 
         An exit after it is not a failure, even with ``check=True``, and is not
         restarted.
