@@ -368,17 +368,19 @@ class Lifeline:
         if self._closing or self._groups or self._pending:
             return False
         self._closing = True
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
         if self._pidfd is not None:
             # Through its pidfd: a host that reaps every child may have reaped
-            # it already, and its pid may be another process's by now.
+            # it already, and its pid may be another process's by now.  Before
+            # our end is closed: woken by end-of-file first, the helper would
+            # run its sweep (a scan of /proc) for nothing, on a CPU we need.
             try:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self._killed = True
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
         return True
 
     async def aclose(self) -> None:

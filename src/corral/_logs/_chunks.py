@@ -30,7 +30,9 @@ class StreamState:
 
     Created on the loop when the stream opens; from then on its mutable
     fields belong to the worker thread, except ``error``, which the loop
-    reads to learn that a connection sent garbage.
+    reads to learn that a connection sent garbage.  (The collector reads
+    and handles a batch on the loop only between two batches of the worker,
+    when nothing runs there: see ``Router.is_silent``.)
     """
 
     source: Source

@@ -15,7 +15,10 @@ terminal, so it runs on a worker thread.  The collector sits between them:
   it to the worker thread (:func:`anyio.to_thread.run_sync`, with a capacity
   limiter of its own so the application's thread pool cannot starve it).
   While the worker handles one batch, the next one gathers: the hand-offs
-  per second stay few however many lines arrive;
+  per second stay few however many lines arrive.  A batch that reaches no
+  destination (only the ends of pipes whose last line was complete, which
+  is what stopping children produces) is handled on the loop instead: it
+  calls no handler, and a thread's round trip would be most of a stop's cost;
 * what the worker returns for live tails is published on the loop;
 * :meth:`close` ends the consumer once everything queued before it was
   handled — but never waits forever: if the worker makes no progress for
@@ -155,7 +158,14 @@ class Collector:
                     batch = list(self._chunks)
                     self._chunks.clear()
                     size = sum(chunk.size for chunk in batch)
-                    outcome = await self._hand_over(batch)
+                    outcome: Outcome | None
+                    if self._router.is_silent(batch):
+                        # Nothing to write (the ends of pipes, at a stop): no
+                        # hand-over, which would cost a thread's round trip.
+                        self._router.process_silent(batch)
+                        outcome = Outcome([], [])
+                    else:
+                        outcome = await self._hand_over(batch)
                     if outcome is None:
                         return
                     for source, first, records in outcome.deliveries:

@@ -159,6 +159,29 @@ class Router:
 
     # -- the worker's job ----------------------------------------------------------------
 
+    @staticmethod
+    def is_silent(batch: Sequence[Chunk]) -> bool:
+        """Whether handling ``batch`` reaches no destination: only empty reads, nothing pending.
+
+        Such a batch (the end-of-file of pipes whose last line was complete,
+        which is what a stop produces) calls no handler and blocks on
+        nothing: the collector may handle it on the loop, between two
+        batches of the worker (see :meth:`process_silent`).
+        """
+        return all(
+            chunk.state.kind == LINES
+            and not chunk.data
+            and not chunk.state.pending
+            and chunk.state.bar is None
+            for chunk in batch
+        )
+
+    def process_silent(self, batch: Sequence[Chunk]) -> None:
+        """Handle a batch :meth:`is_silent` accepted, on the caller's thread (no handler called)."""
+        for chunk in batch:
+            self._lines(chunk, [], set())
+            self.chunks_done += 1
+
     def process(self, batch: Sequence[Chunk]) -> Outcome:
         """Handle a batch of chunks in order; return what the loop must do next.
 
