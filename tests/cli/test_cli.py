@@ -358,6 +358,7 @@ def test_version(tmp_path: Path, flag: str) -> None:
         ["run", "--max-restarts", "-1", "--", "true"],
         ["run", "--grace", "-1", "--", "true"],
         ["run", "--hosts", ",", "--", "true"],
+        ["run", "--hosts", "a.invalid,b.invalid,a.invalid", "--", "true"],
         ["run", "--link-timeout", "0", "--", "true"],
         ["run", "--link-timeout", "-1", "--", "true"],
         ["run", "--link-timeout", "nan", "--", "true"],

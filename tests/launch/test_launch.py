@@ -573,6 +573,8 @@ def holds_a_lock() -> Callable[[], None]:
             "at least 1",
         ),
         ({"workers_per_host": "2"}, TypeError, "workers_per_host"),
+        ({"workers_per_host": [2.5]}, TypeError, r"one int per host, not \[2\.5\]"),
+        ({"workers_per_host": [True]}, TypeError, "one int per host"),
         ({"workers_per_host": 10**11}, ValueError, "at most 4096 on a host, not 100000000000"),
         ({"workers_per_host": 4097}, ValueError, "at most 4096 on a host"),
         (
@@ -611,6 +613,8 @@ def holds_a_lock() -> Callable[[], None]:
         "workers-wrong-length",
         "workers-zero-on-one-host",
         "workers-wrong-type",
+        "workers-float-per-host",
+        "workers-bool-per-host",
         "workers-huge",
         "workers-above-maximum",
         "world-above-maximum",

@@ -291,6 +291,12 @@ def run(
     host_list: list[str] | str | None = None
     if hosts is not None:
         host_list = "slurm" if hosts == "slurm" else [h for h in hosts.split(",") if h]
+        if host_list != "slurm" and len(set(host_list)) < len(host_list):
+            twice = sorted({h for h in host_list if host_list.count(h) > 1})
+            raise click.BadParameter(
+                f"{shorten(','.join(twice))} is listed twice; use -n for more workers on a host",
+                param_hint="--hosts",
+            )
         if not host_list:
             raise click.BadParameter("give at least one host", param_hint="--hosts")
         if host_list != "slurm" and (nproc or 1) * len(host_list) > MAX_WORKERS:

@@ -82,7 +82,9 @@ def make_plan(default_grace: float, spec: LaunchSpec) -> Plan:
     if isinstance(workers_per_host, int) and not isinstance(workers_per_host, bool):
         counts = [workers_per_host] * len(names)
     elif isinstance(workers_per_host, Sequence) and not isinstance(workers_per_host, str):
-        counts = [int(n) for n in workers_per_host]
+        counts = list(workers_per_host)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+            raise TypeError(f"workers_per_host must be an int or one int per host, not {counts}")
         if len(counts) != len(names):
             raise ValueError(f"workers_per_host has {len(counts)} entries for {len(names)} hosts")
     else:
