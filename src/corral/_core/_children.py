@@ -103,6 +103,13 @@ class Children:
 
     # -- starting ---------------------------------------------------------------------
 
+    def check_open(self) -> None:
+        """``RuntimeError`` unless the runner is entered and not closing: it may start children."""
+        if self._scope.tg is None:
+            raise RuntimeError("the runner has not been entered yet (use 'async with')")
+        if self._scope.closing:
+            raise RuntimeError(f"runner {self._runner!r} is closing; it starts no new processes")
+
     async def start(self, argv: object, options: ProcessOptions, *, what: str) -> Process:
         """Check ``options``, spawn ``argv`` and supervise it; its handle, once it runs.
 
@@ -111,10 +118,7 @@ class Children:
         wrong or the calling scope is cancelled already; a cancellation that
         arrives once the child runs stops and reaps it before it goes on.
         """
-        if self._scope.tg is None:
-            raise RuntimeError("the runner has not been entered yet (use 'async with')")
-        if self._scope.closing:
-            raise RuntimeError(f"runner {self._runner!r} is closing; it starts no new processes")
+        self.check_open()
         wait_started = bool(options.wait_started)
         start_timeout = options.start_timeout
         if start_timeout is not None:

@@ -130,8 +130,8 @@ async def feed(stdin: ByteSendStream, data: bytes) -> None:
         await stdin.aclose()
 
 
-async def drain(stream: ByteReceiveStream, into: bytearray) -> None:
-    """Read ``stream`` to its end into ``into``, then close it."""
+async def drain(stream: ByteReceiveStream, into: list[bytes]) -> None:
+    """Read ``stream`` to its end, each read appended to ``into``, then close it."""
     async with stream:
         async for data in stream:
-            into.extend(data)
+            into.append(data)

@@ -330,13 +330,13 @@ class Runner:
         proc = await self._children.start(
             argv, opts.replace(check=False, stdin=stdin), what="Runner.run"
         )
-        out = bytearray() if proc.stdout is not None else None
-        err = bytearray() if proc.stderr is not None else None
+        out: list[bytes] = []
+        err: list[bytes] = []
         try:
             async with anyio.create_task_group() as tg:
-                if proc.stdout is not None and out is not None:
+                if proc.stdout is not None:
                     tg.start_soon(drain, proc.stdout, out)
-                if proc.stderr is not None and err is not None:
+                if proc.stderr is not None:
                     tg.start_soon(drain, proc.stderr, err)
                 if proc.stdin is not None:
                     tg.start_soon(feed, proc.stdin, bytes(input or b""))
@@ -347,8 +347,8 @@ class Runner:
         result = CompletedProcess(
             proc.args,
             code,
-            bytes(out) if out is not None else None,
-            bytes(err) if err is not None else None,
+            b"".join(out) if proc.stdout is not None else None,
+            b"".join(err) if proc.stderr is not None else None,
             name=proc.name,
             pid=proc.pid,
             duration=proc.duration or 0.0,
@@ -511,10 +511,7 @@ class Runner:
     # -- helpers ----------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._scope.tg is None:
-            raise RuntimeError("the runner has not been entered yet (use 'async with')")
-        if self._scope.closing:
-            raise RuntimeError(f"runner {self._name!r} is closing; it starts no new processes")
+        self._children.check_open()
 
 
 def open_runner(
