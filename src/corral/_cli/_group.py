@@ -6,13 +6,16 @@ import math
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from .._launch._hosts import MAX_WORKERS_PER_HOST
 from ._io import shorten
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = [
     "CONTEXT",
@@ -20,8 +23,8 @@ __all__ = [
     "Output",
     "cli",
     "is_text",
+    "name_option",
     "output_options",
-    "run_name",
     "text_option",
 ]
 
@@ -105,6 +108,17 @@ def run_name(value: str) -> str:
             param_hint="--name",
         )
     return value
+
+
+def name_option(default: str) -> Callable[[_F], _F]:
+    """``--name``, the run's name (checked by :func:`run_name`), for ``run`` and ``up``."""
+    return click.option(
+        "--name",
+        default=default,
+        show_default=True,
+        callback=lambda _ctx, _param, value: run_name(value),
+        help="The name of the run (it starts every source's name; no dots, spaces or slashes).",
+    )
 
 
 @dataclass

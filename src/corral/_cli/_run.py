@@ -22,8 +22,8 @@ from ._group import (
     Output,
     check_link_timeout,
     is_text,
+    name_option,
     output_options,
-    run_name,
     text_option,
 )
 from ._io import exit_code, say, shorten
@@ -158,13 +158,7 @@ class _Nproc(click.ParamType[int]):
     callback=text_option,
     help="Run on these hosts over ssh, or on the Slurm allocation's nodes.",
 )
-@click.option(
-    "--name",
-    default="run",
-    show_default=True,
-    callback=lambda _ctx, _param, value: run_name(value),
-    help="The name of the run (it starts every source's name; no dots, spaces or slashes).",
-)
+@name_option("run")
 @click.option(
     "--restart",
     type=click.Choice(["never", "on-failure"]),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 import click
 
-from ._group import CONTEXT, MAX_COPIES, Output, output_options, run_name
+from ._group import CONTEXT, MAX_COPIES, Output, name_option, output_options
 from ._io import exit_code, shorten
 from ._loop import Status, main_loop
 from ._procfile import EnvFileError, ProcfileError, parse_env_file, parse_procfile, read_input_file
@@ -109,13 +109,7 @@ def _check_env_size(env: dict[str, str], paths: Sequence[str]) -> None:
         "(as in honcho; default: $PORT or 5000)."
     ),
 )
-@click.option(
-    "--name",
-    default="up",
-    show_default=True,
-    callback=lambda _ctx, _param, value: run_name(value),
-    help="The name of the run (it starts every source's name; no dots, spaces or slashes).",
-)
+@name_option("up")
 @output_options
 @click.argument("args", nargs=-1)
 def up(
