@@ -317,12 +317,12 @@ def test_ssh_is_asked_only_about_names_this_machine_cannot_resolve(tmp_path: Pat
     """``ssh -G`` once per unresolvable host, never for one the route lookup knows."""
     from corral._launch._hosts import SSH, dial_back_addresses
 
+    # The real ssh client, with a configuration that notes each host it is asked about.
     calls = tmp_path / "calls"
-    fake_ssh = tmp_path / "ssh"
-    fake_ssh.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "hostname 127.0.0.1"\n')
-    fake_ssh.chmod(0o755)
-    ssh = SSH(executable=str(fake_ssh))
+    config = tmp_path / "ssh_config"
+    config.write_text(f'Match exec "echo %n >> {calls}"\n  HostName 127.0.0.1\n')
+    ssh = SSH(options=["-F", str(config)])
     assert dial_back_addresses(["127.0.0.1", "localhost"], ssh) == ["127.0.0.1", "127.0.0.1"]
     assert not calls.exists()  # both resolved here: no ssh at all
     assert dial_back_addresses(["corral-alias.invalid"], ssh) == ["127.0.0.1"]
-    assert calls.read_text().split("\n")[:-1] == ["-G -- corral-alias.invalid"]
+    assert calls.read_text().split() == ["corral-alias.invalid"]
