@@ -71,8 +71,9 @@ class CommandConsole(ConsoleHandler):
         colour: bool | None,
         prefix: str,
         label: Callable[[str], str | None] | None,
+        raw: bool = False,
     ) -> None:
-        super().__init__(stream, colour=colour, prefix=prefix, label=label)
+        super().__init__(stream, colour=colour, prefix=prefix, label=label, raw=raw)
         self.interrupted: Callable[[], bool] = lambda: False
         #: The KeyboardInterrupt tracebacks not shown.
         self.hidden = 0

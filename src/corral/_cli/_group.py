@@ -21,6 +21,7 @@ __all__ = [
     "CONTEXT",
     "MAX_COPIES",
     "Output",
+    "RAW_OPTION",
     "cli",
     "is_text",
     "name_option",
@@ -128,6 +129,8 @@ class Output:
     colour: bool | None
     status: bool
     monitor: str | None = None
+    #: The children's text reaches the terminal as it is (``--raw``).
+    raw: bool = False
 
     @classmethod
     def of(
@@ -137,6 +140,7 @@ class Output:
         no_color: bool,
         no_status: bool,
         monitor: str | None,
+        raw: bool = False,
     ) -> Output:
         """From the shared options, as click gives them."""
         colour = False if no_color else None
@@ -148,7 +152,16 @@ class Output:
                     f"cannot make the folder {shorten(log_dir)}: {exc.strerror or exc}",
                     param_hint="--log-dir",
                 ) from None
-        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor))
+        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor), raw)
+
+
+#: ``--raw``, for ``run``, ``up`` and ``tail``.
+RAW_OPTION = click.option(
+    "--raw",
+    is_flag=True,
+    help="Write the processes' text as it is, escape sequences and all (by default only "
+    "colours and progress bars reach the terminal; see docs/howto/logging).",
+)
 
 
 def output_options(func: Any) -> Any:
@@ -163,6 +176,7 @@ def output_options(func: Any) -> Any:
             ),
             click.option("--no-prefix", is_flag=True, help="Show the lines as they are."),
             click.option("--no-color", is_flag=True, help="No colours, even on a terminal."),
+            RAW_OPTION,
             click.option("--no-status", is_flag=True, help="No live status table under the lines."),
             click.option(
                 "--grace",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO, TypeVar, cast
 import anyio
 import anyio.to_thread
 
+from .._logs._terminal import terminal_text
 from ._console import CommandConsole
 from ._group import Output
 from ._io import EXIT_PIPE, Stdout, fail, say
@@ -150,6 +151,7 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
         colour=output.colour,
         prefix="relative" if output.prefix else "none",
         label=job.label,
+        raw=output.raw,
     )
     console.setLevel(logging.INFO)
     status = Status(grace=job.grace)
@@ -227,7 +229,8 @@ def _end(console: CommandConsole, output: Output, status: Status, runner: list[R
             _write(stream, "\n".join(lines) + "\n")
     said = []
     if status.failure is not None:
-        said.append(status.failure)
+        # It quotes the process's stderr: the console's policy applies.
+        said.append(status.failure if output.raw else terminal_text(status.failure))
     if console.hidden:
         where = f"in {runner[0].log_path}" if runner and runner[0].log_path else "not kept"
         tracebacks = "traceback" if console.hidden == 1 else "tracebacks"

@@ -255,6 +255,7 @@ def run(
     log_dir: str | None,
     no_prefix: bool,
     no_color: bool,
+    raw: bool,
     no_status: bool,
     grace: float,
     monitor: str | None,
@@ -312,7 +313,7 @@ def run(
             slurm_hosts()
         except (RuntimeError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
-    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor)
+    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw)
     if (nproc or 1) > 1 and "OMP_NUM_THREADS" not in os.environ | extra_env:
         # As torchrun does, and says: once, before anything starts.
         from .._launch._torchenv import OMP_NOTICE

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import anyio
 import click
 
-from ._group import CONTEXT, text_option
+from ._group import CONTEXT, RAW_OPTION, text_option
 from ._io import EXIT_PIPE, Stdout, say, shorten
 from ._loop import call_soon, check_written
 
@@ -45,7 +45,8 @@ Examples:
 )
 @click.option("--no-prefix", is_flag=True, help="Show the lines as they are.")
 @click.option("--no-color", is_flag=True, help="No colours, even on a terminal.")
-def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> None:
+@RAW_OPTION
+def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool, raw: bool) -> None:
     """Follow the log of a running corral through its monitor URL.
 
     Prints every line with the same prefixes and colours as corral run,
@@ -71,6 +72,7 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool) -> 
             stdout,
             not no_prefix,
             False if no_color else None,
+            raw,
             backend="asyncio",
         )
     except KeyboardInterrupt:
@@ -105,7 +107,9 @@ def _urlsplit(url: str, source: str, level: int) -> str:
     return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", encoded, ""))
 
 
-async def _tail(url: str, level: int, stdout: Stdout, prefix: bool, colour: bool | None) -> int:
+async def _tail(
+    url: str, level: int, stdout: Stdout, prefix: bool, colour: bool | None, raw: bool
+) -> int:
     """Follow the log until the runner ends; :data:`EXIT_PIPE` as soon as stdout's reader goes."""
     import corral
 
@@ -114,7 +118,7 @@ async def _tail(url: str, level: int, stdout: Stdout, prefix: bool, colour: bool
     async with anyio.create_task_group() as tg:
         stdout.when_gone(lambda: call_soon(loop, tg.cancel_scope.cancel))
         tg.start_soon(stdout.watch)
-        code = await _follow(url, level, stdout, prefix, colour)
+        code = await _follow(url, level, stdout, prefix, colour, raw)
         tg.cancel_scope.cancel()
     return EXIT_PIPE if stdout.gone else code
 
@@ -125,7 +129,9 @@ async def _tail(url: str, level: int, stdout: Stdout, prefix: bool, colour: bool
 MAX_TAIL_MESSAGE = 4 * 1024 * 1024
 
 
-async def _follow(url: str, level: int, stdout: Stdout, prefix: bool, colour: bool | None) -> int:
+async def _follow(
+    url: str, level: int, stdout: Stdout, prefix: bool, colour: bool | None, raw: bool
+) -> int:
     import msgspec
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -138,6 +144,7 @@ async def _follow(url: str, level: int, stdout: Stdout, prefix: bool, colour: bo
         cast(TextIO, stdout),
         colour=colour,
         prefix="relative" if prefix else "none",
+        raw=raw,
     )
     give_up_after = 30.0
     failing_since: float | None = None

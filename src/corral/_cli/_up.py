@@ -121,6 +121,7 @@ def up(
     log_dir: str | None,
     no_prefix: bool,
     no_color: bool,
+    raw: bool,
     no_status: bool,
     grace: float,
     monitor: str | None,
@@ -162,7 +163,7 @@ def up(
     if not any(counts.values()):
         raise click.UsageError("nothing to run: every selected process has 0 copies (-c)")
     base = _port_base(port, env, notices)
-    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor)
+    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw)
     main_loop(name, output, _UpJob(selected, counts, env, base, grace, notices))
 
 

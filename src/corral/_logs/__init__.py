@@ -8,10 +8,11 @@ library and msgspec only; then ``_records`` (the factory of
 ``_pipes`` (reading a child's pipes), ``_server`` (the runner's log socket),
 ``_collector`` (the bounded hand-off to one worker thread), ``_router``
 (blocks into lines and records, routes), ``_sinks`` and ``_console``
-(corral's own destinations: files, the console), ``_sources`` (sources,
+(corral's own destinations: files, the console; ``_terminal`` is what the
+console lets through to a terminal), ``_sources`` (sources,
 their backlogs, live tails) and ``_hub`` (one runner's log service, which
 owns the rest).
 
 Public face: _wire, _child_logging, _records, _pipes, _router, _sinks, _console, _sources,
-_hub
+_hub, _terminal
 """

@@ -15,6 +15,7 @@ from typing import Final, TextIO
 from ._records import believable, format_message, source_of, wire_message
 from ._sinks import BlockSink, Stamps
 from ._sources import Source
+from ._terminal import terminal_bytes, terminal_text
 from ._wire import Record
 
 __all__ = ["ConsoleHandler"]
@@ -31,6 +32,13 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     ``prefix`` chooses the prefix: ``"source"`` (the default: time and full
     source), ``"relative"`` (time and the source within the runner, as the
     ``corral`` command shows it) or ``"none"`` (the bare lines).
+
+    A child's text, and the names of sources, reach the stream through one
+    filter: colours (SGR) and text
+    pass, a progress bar shows its newest frame, and nothing else that
+    could act on a terminal does (see :ref:`terminal-safety`), whatever the
+    stream is (a pipe may lead to a terminal too).  ``raw=True`` writes the
+    children's text as it is, control sequences and all.
 
     ``label``, if given, is called once with each source's name as the
     prefix would show it; it returns the text to show instead (the
@@ -53,8 +61,11 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         colour: bool | None = None,
         prefix: str = "source",
         label: Callable[[str], str | None] | None = None,
+        raw: bool = False,
     ) -> None:
         logging.StreamHandler.__init__(self, stream if stream is not None else sys.stderr)
+        #: Whether children's text is written as it is (see above).
+        self.raw = bool(raw)
         if prefix not in ("source", "relative", "none"):
             raise ValueError(f"prefix must be 'source', 'relative' or 'none', not {prefix!r}")
         self.prefix = prefix
@@ -94,6 +105,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 shown = rest if dot else source
             if self._label is not None:
                 shown = self._label(shown)
+            if shown is not None and not self.raw:
+                shown = terminal_text(shown)
             if len(self._labels) > 4096:
                 self._labels.clear()
             self._labels[source] = shown
@@ -124,9 +137,13 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         return cached
 
     def format(self, record: logging.LogRecord) -> str:
-        source = self._shown(source_of(record)) or source_of(record)
+        name = source_of(record)
+        shown = self._shown(name)
+        source = shown if shown is not None else name if self.raw else terminal_text(name)
         stamp = self._stamps(record.created)
         message = format_message(record)
+        if not self.raw:
+            message = terminal_text(message)
         if self.prefix == "none":
             return message
         if self._styles is None:
@@ -150,6 +167,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         if prefixes is None:
             return
         prefix = prefixes[0]
+        if not self.raw:
+            text = terminal_bytes(text)
         self._write(prefix + text.replace(b"\n", b"\n" + prefix) + b"\n")
 
     def write_wire(self, source: Source, records: list[Record]) -> None:
@@ -161,6 +180,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 return
             prefix = prefixes[0]
             message = wire_message(rec)
+            if not self.raw:
+                message = terminal_text(message)
             if styles is not None and rec.level >= logging.WARNING:
                 message = styles.level(rec.level, message)
             parts.append(f"{prefix.decode()}{message}\n")
@@ -176,6 +197,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 if prefixes is None:
                     return
                 prefix, bare = prefixes
+                if not self.raw:
+                    frame = terminal_bytes(frame)
                 text = frame.decode("utf-8", "replace")
                 self._bars[key] = (prefix, bare.decode(), _CONTROL.sub("", text))
             self._redraw(b"")
