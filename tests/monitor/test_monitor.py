@@ -1260,6 +1260,45 @@ async def test_tail_refused_with_a_wrong_token_exits_1() -> None:
 
 
 @contextmanager
+def closed_port() -> Iterator[int]:
+    """A loopback port where nothing listens (bound, so that nobody else takes it meanwhile)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.timeout(30)
+def test_tail_to_a_port_where_nothing_listens_fails_at_once_with_one_line() -> None:
+    from corral._cli import _io, _tail
+
+    with closed_port() as port:
+        url = f"http://127.0.0.1:{port}/?token=secret"
+        result = subprocess.run(corral_argv("tail", url), capture_output=True, timeout=25)
+        # The time the attempt takes, without the command's start-up (it tried for 31 s).
+        started = time.monotonic()
+        code = anyio.run(
+            _tail._follow,
+            _tail._urlsplit(url, "*", 0),
+            0,
+            _io.Stdout(sys.stdout),
+            True,
+            False,
+            False,
+            backend="asyncio",
+        )
+        elapsed = time.monotonic() - started
+    assert code == 1 and elapsed < 1, elapsed
+    assert result.returncode == 1, result
+    assert (
+        result.stderr
+        == (
+            f"corral tail: cannot reach the monitor at 127.0.0.1:{port}: connection refused\n"
+        ).encode()
+    )  # one line, and the token is not in it
+    assert result.stdout == b""
+
+
+@contextmanager
 def fake_monitor(first: bytes) -> Iterator[str]:
     """A WebSocket server that sends its one client ``first``, then ``end``: its tail URL."""
 

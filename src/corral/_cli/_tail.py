@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
@@ -51,8 +52,9 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool, raw
 
     Prints every line with the same prefixes and colours as corral run,
     reconnects if the connection drops while the runner lives, and exits 0
-    when the runner ends; 1 if the monitor refuses it, stays unreachable
-    for 30 s, or sends a message larger than 4 MiB.
+    when the runner ends; 1 if the monitor refuses it, cannot be reached at
+    the first attempt (nothing listens: at once), stays unreachable for 30 s
+    after that, or sends a message larger than 4 MiB.
     """
     from .._logs._records import level_number
 
@@ -148,6 +150,7 @@ async def _follow(
     )
     give_up_after = 30.0
     failing_since: float | None = None
+    connected = False  # once: from then on, a refusal is a runner restarting its monitor
     delay = 0.2
     # The last row printed: after a reconnection the server sends its recent
     # rows again, and those up to this one were printed already.
@@ -157,6 +160,7 @@ async def _follow(
             try:
                 async with connect(url, open_timeout=10, max_size=MAX_TAIL_MESSAGE) as ws:
                     failing_since = None
+                    connected = True
                     delay = 0.2
                     backlog = True
                     async for text in ws:
@@ -197,6 +201,11 @@ async def _follow(
                         f"{MAX_TAIL_MESSAGE // 2**20} MiB: not a corral monitor?"
                     )
                     return 1
+                if not connected and isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+                    # Refused (a run that is over), a name that does not resolve: never
+                    # reached, which waiting will not change.
+                    say(f"corral tail: cannot reach the monitor at {_where(url)}: {_reason(exc)}")
+                    return 1
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if now - failing_since > give_up_after:
@@ -206,6 +215,19 @@ async def _follow(
                 delay = min(delay * 2, 2.0)
     finally:
         console.close()
+
+
+def _where(url: str) -> str:
+    """``HOST:PORT`` of ``url`` (never its token)."""
+    import urllib.parse
+
+    return urllib.parse.urlsplit(url).netloc
+
+
+def _reason(exc: OSError) -> str:
+    number = exc.errno
+    reason = os.strerror(number) if number and number > 0 else exc.strerror or str(exc)
+    return reason[:1].lower() + reason[1:]
 
 
 def _print_all(console: ConsoleHandler, records: list[logging.LogRecord]) -> None:
