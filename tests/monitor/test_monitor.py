@@ -874,6 +874,92 @@ async def test_broken_clients_do_not_hurt_the_runner(abuse: str) -> None:
     assert client.ending[-1] == {"type": "end"}
 
 
+# -- clients that vanish ------------------------------------------------------------------------
+
+
+async def _request(url: str, answered: bool) -> anyio.abc.SocketStream:
+    """A raw connection that asked for the WebSocket (and got it, if ``answered``)."""
+    parts = urllib.parse.urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    stream = await anyio.connect_tcp(parts.hostname, parts.port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    await stream.send(
+        f"GET /?{parts.query} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    head = b""
+    while answered and b"\r\n\r\n" not in head:
+        head += await stream.receive()
+    assert not answered or head.startswith(b"HTTP/1.1 101 "), head
+    return stream
+
+
+async def _vanish(url: str, how: int) -> None:
+    """A client gone without a close frame: closed (0, 2) or reset (1, 3), before its request
+    is answered (0, 1) or after (2, 3)."""
+    stream = await _request(url, answered=how >= 2)
+    if how % 2:
+        await _reset(stream)
+    else:
+        await stream.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_clients_that_vanish_give_their_places_back_at_once() -> None:
+    """More clients vanish, in every way, than the monitor has places: it never refuses one."""
+    from corral._monitor._server import MAX_CLIENTS
+
+    async with corral.open_runner(name="demo", monitor=LOOPBACK, console=False) as r:
+        url = r.monitor_url
+        assert url is not None
+        live: list[MonitorClient] = []
+        for index in range(MAX_CLIENTS + 64):
+            await _vanish(url, (0, 1, 0, 1, 2, 3)[index % 6])
+            if index % 32 == 0:
+                live.append(await MonitorClient.connect(url))  # a 503 raises Refused
+                assert (await live[-1].recv() or {}).get("type") == "hello"
+        for client in live:
+            await client.aclose()
+        # The monitor's own state (private): every place is free again.
+        with anyio.fail_after(10):
+            await r._monitor.idle.wait()
+
+
+@pytest.mark.timeout(30)
+async def test_a_client_that_answers_no_ping_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gone without a word (a host down, a cable cut): its place is freed at the ping's deadline.
+
+    The bound is ``PING_INTERVAL + PING_TIMEOUT`` (40 s); made short here.  A client that
+    answers its pings stays.
+    """
+    from corral._monitor import _server
+
+    monkeypatch.setattr(_server, "PING_INTERVAL", 0.2)
+    monkeypatch.setattr(_server, "PING_TIMEOUT", 0.3)
+    async with (
+        anyio.create_task_group() as tg,
+        corral.open_runner(name="demo", monitor=LOOPBACK, console=False) as r,
+    ):
+        url = r.monitor_url
+        assert url is not None
+        answering = await MonitorClient.connect(url)  # websockets' protocol answers pings
+        tg.start_soon(answering.rest, 30)  # read on (so answer them) until the end
+        silent = await _request(url, answered=True)  # and then answers nothing
+        started = time.monotonic()
+        with anyio.fail_after(10):
+            try:
+                while await silent.receive():  # pings, then the close; no answer
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+        waited = time.monotonic() - started
+        await silent.aclose()
+    assert waited >= 0.5  # at least one ping's interval and deadline
+    # The answering client lived through the same rounds of pings, to the runner's end.
+    assert answering.ending and answering.ending[-1] == {"type": "end"}, answering.messages
+
+
 # -- slow and stuck clients --------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ async def serve_asyncio(monitor: Monitor) -> None:
 
         received = 0
         joined: Joined | None = None  # accepted, not served yet
+        lost = False  # the connection has gone (maybe while it joined)
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
@@ -47,6 +48,7 @@ async def serve_asyncio(monitor: Monitor) -> None:
             super().data_received(data)
 
         def connection_lost(self, exc: Exception | None) -> None:
+            self.lost = True
             monitor.handshake_ends(self)
             joined, self.joined = self.joined, None
             if joined is not None:  # gone before it was served
@@ -64,7 +66,13 @@ async def serve_asyncio(monitor: Monitor) -> None:
         if monitor.full():
             return _response(503, b"too many clients\n", "text/plain")
         assert isinstance(connection, Connection)
-        connection.joined = await monitor.join(source, level)
+        joined = await monitor.join(source, level)
+        if connection.lost:
+            # Gone while it joined (connection_lost found nothing to free): no
+            # handler will run for it, so its place is given back here.
+            monitor.leave(joined.client)
+            return _response(503, b"gone\n", "text/plain")
+        connection.joined = joined
         return None
 
     def _response(status: int, body: bytes, kind: str) -> Response:
@@ -88,7 +96,10 @@ async def serve_asyncio(monitor: Monitor) -> None:
         async def send(message: bytes) -> None:
             await connection.send(message, text=True)  # UTF-8 already
 
-        await monitor.talk(joined, send, connection.recv, ConnectionClosed)
+        async def ping() -> None:
+            await (await connection.ping())  # sent, then its pong
+
+        await monitor.talk(joined, send, connection.recv, ping, ConnectionClosed)
 
     server = await monitor.listen(
         serve(
@@ -100,6 +111,7 @@ async def serve_asyncio(monitor: Monitor) -> None:
             compression=None,
             server_header=None,
             close_timeout=1,
+            ping_interval=None,  # the monitor pings its clients itself (Monitor.talk)
             open_timeout=HANDSHAKE_TIMEOUT,
             max_size=MAX_CLIENT_MESSAGE,
             max_queue=4,

@@ -62,6 +62,14 @@ MAX_HANDSHAKES: Final = 64
 #: A message from a client (a filter) is at most this long; a longer one
 #: closes the connection (1009).
 MAX_CLIENT_MESSAGE: Final = 4096
+#: Every this many seconds a client is pinged; one that has not answered
+#: (its pong) within :data:`PING_TIMEOUT` is closed.  So a client gone
+#: without a word (a host that went down, a cut cable, a process stopped)
+#: gives its place back within ``PING_INTERVAL + PING_TIMEOUT`` seconds; one
+#: that closed its socket (killed, even during the handshake), at once.  A
+#: client that reads nothing for that long answers no ping either.
+PING_INTERVAL: Final = 20.0
+PING_TIMEOUT: Final = 20.0
 #: Seconds the monitor may take to start listening (resolving its host's
 #: name, binding); past them, or if the address cannot be had, entering the
 #: runner fails with an :class:`OSError` naming the address and the reason.
@@ -334,12 +342,14 @@ class Monitor:
         joined: Joined,
         send: Callable[[bytes], Awaitable[None]],
         receive: Callable[[], Any],
+        ping: Callable[[], Awaitable[None]],
         closed: type[BaseException],
     ) -> None:
         """The life of one WebSocket client: snapshot, then events; filters from it.
 
         Returns when the runner has ended (after saying so) or the client is
-        gone, having detached the client.
+        gone (closed, or silent: see :data:`PING_INTERVAL`), having detached
+        the client.  ``ping`` sends a ping and returns once its pong came.
         """
         sink = self.sink
         client = joined.client
@@ -365,9 +375,22 @@ class Monitor:
                 pass
             tg.cancel_scope.cancel()  # the client is gone
 
+        async def heartbeat() -> None:
+            try:
+                while True:
+                    await anyio.sleep(PING_INTERVAL)
+                    with anyio.move_on_after(PING_TIMEOUT) as waited:
+                        await ping()
+                    if waited.cancelled_caught:
+                        break  # no answer: gone
+            except closed:
+                pass
+            tg.cancel_scope.cancel()
+
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(listen)
+                tg.start_soon(heartbeat)
                 messages, size, more = joined.messages, joined.size, joined.more
                 del joined
                 last = False

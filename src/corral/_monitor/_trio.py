@@ -104,7 +104,9 @@ async def serve_trio(monitor: Monitor) -> None:
                 await ws.send_message(message.decode())
 
             try:
-                await monitor.talk(joined, send, ws.get_message, trio_websocket.ConnectionClosed)
+                await monitor.talk(
+                    joined, send, ws.get_message, ws.ping, trio_websocket.ConnectionClosed
+                )
             finally:
                 with trio.move_on_after(2):
                     await ws.aclose()
