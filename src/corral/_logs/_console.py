@@ -15,7 +15,7 @@ from typing import Final, TextIO
 from ._records import believable, format_message, source_of, wire_message
 from ._sinks import BlockSink, Stamps
 from ._sources import Source
-from ._terminal import terminal_bytes, terminal_text
+from ._terminal import is_text, terminal_bytes, terminal_text
 from ._wire import Record
 
 __all__ = ["ConsoleHandler"]
@@ -174,14 +174,15 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     def write_wire(self, source: Source, records: list[Record]) -> None:
         styles = self._styles
         parts: list[str] = []
-        for rec in records:
+        messages = [wire_message(rec) for rec in records]
+        # One check for the whole batch (nearly always text alone), each if it fails.
+        if not self.raw and not is_text("".join(messages)):
+            messages = [terminal_text(message) for message in messages]
+        for rec, message in zip(records, messages, strict=True):
             prefixes = self._source_prefix(source.name, believable(rec.created))
             if prefixes is None:
                 return
             prefix = prefixes[0]
-            message = wire_message(rec)
-            if not self.raw:
-                message = terminal_text(message)
             if styles is not None and rec.level >= logging.WARNING:
                 message = styles.level(rec.level, message)
             parts.append(f"{prefix.decode()}{message}\n")

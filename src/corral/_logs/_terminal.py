@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["RESET", "terminal_bytes", "terminal_text"]
+__all__ = ["RESET", "is_text", "terminal_bytes", "terminal_text"]
 
 #: What ends a line that set colours.
 RESET: Final = "\x1b[0m"
@@ -92,6 +92,15 @@ def _newest_frames_s(text: str) -> str:
     return "\n".join(lines)
 
 
+def is_text(text: str) -> bool:
+    """Whether ``text`` has no control character but tab and newline: it needs no filter.
+
+    Faster than ``str.isprintable()`` (one encoding and one ``translate``, in C).
+    """
+    suspect = text.encode("utf-8", "surrogatepass").translate(None, _TEXT)
+    return not suspect or (not suspect.strip(b"\xc2") and _SUSPECT_S.search(text) is None)
+
+
 def terminal_bytes(text: bytes) -> bytes:
     """``text`` (UTF-8 lines, ``\\n`` between them) as a terminal may be sent it.
 
@@ -118,7 +127,7 @@ def terminal_bytes(text: bytes) -> bytes:
 
 def terminal_text(text: str) -> str:
     """:func:`terminal_bytes` for ``str`` (a record's message, a source's name)."""
-    if text.isprintable() or _SUSPECT_S.search(text) is None:
+    if is_text(text):
         return text
     if "\r" in text:
         text = _newest_frames_s(text)
