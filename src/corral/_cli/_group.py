@@ -131,6 +131,8 @@ class Output:
     monitor: str | None = None
     #: The children's text reaches the terminal as it is (``--raw``).
     raw: bool = False
+    #: Lines the log files missed do not make the exit code 1 (``--allow-log-loss``).
+    allow_log_loss: bool = False
 
     @classmethod
     def of(
@@ -141,6 +143,7 @@ class Output:
         no_status: bool,
         monitor: str | None,
         raw: bool = False,
+        allow_log_loss: bool = False,
     ) -> Output:
         """From the shared options, as click gives them."""
         colour = False if no_color else None
@@ -152,7 +155,9 @@ class Output:
                     f"cannot make the folder {shorten(log_dir)}: {exc.strerror or exc}",
                     param_hint="--log-dir",
                 ) from None
-        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor), raw)
+        return cls(
+            log_dir, not no_prefix, colour, not no_status, _monitor(monitor), raw, allow_log_loss
+        )
 
 
 #: ``--raw``, for ``run``, ``up`` and ``tail``.
@@ -173,6 +178,12 @@ def output_options(func: Any) -> Any:
                 "log_dir",
                 type=click.Path(file_okay=False),
                 help="Also write every line to files in a timestamped folder under this one.",
+            ),
+            click.option(
+                "--allow-log-loss",
+                is_flag=True,
+                help="Exit as if nothing was lost when the --log-dir files missed lines (a "
+                "full disk); by default such a run that succeeded exits 1.",
             ),
             click.option("--no-prefix", is_flag=True, help="Show the lines as they are."),
             click.option("--no-color", is_flag=True, help="No colours, even on a terminal."),

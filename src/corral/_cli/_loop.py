@@ -190,6 +190,8 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
             await anyio.to_thread.run_sync(_end, console, output, status, runner)
     if stdout.gone or code is None:
         return EXIT_PIPE  # the runner was cancelled for it
+    if code == 0 and runner and runner[0].log_lines_lost and not output.allow_log_loss:
+        return 1  # _end said why
     return code
 
 
@@ -237,6 +239,12 @@ def _end(console: CommandConsole, output: Output, status: Status, runner: list[R
         said.append(
             f"corral: {console.hidden} KeyboardInterrupt {tracebacks} of the stop not shown "
             f"({where}{'' if where != 'not kept' else '; --log-dir keeps them'})"
+        )
+    lost = runner[0].log_lines_lost if runner else 0
+    if lost:
+        said.append(
+            f"corral: the log files missed {lost} lines (see the warnings above)"
+            + ("" if output.allow_log_loss else "; exit code 1 (--allow-log-loss: 0)")
         )
     if said:
         _write(sys.stderr, "\n".join(said) + "\n")

@@ -253,6 +253,7 @@ def run(
     ranks: frozenset[int] | None,
     local_ranks: frozenset[int] | None,
     log_dir: str | None,
+    allow_log_loss: bool,
     no_prefix: bool,
     no_color: bool,
     raw: bool,
@@ -313,7 +314,7 @@ def run(
             slurm_hosts()
         except (RuntimeError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
-    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw)
+    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw, allow_log_loss)
     if (nproc or 1) > 1 and "OMP_NUM_THREADS" not in os.environ | extra_env:
         # As torchrun does, and says: once, before anything starts.
         from .._launch._torchenv import OMP_NOTICE

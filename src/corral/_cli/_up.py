@@ -119,6 +119,7 @@ def up(
     port: int | None,
     name: str,
     log_dir: str | None,
+    allow_log_loss: bool,
     no_prefix: bool,
     no_color: bool,
     raw: bool,
@@ -163,7 +164,7 @@ def up(
     if not any(counts.values()):
         raise click.UsageError("nothing to run: every selected process has 0 copies (-c)")
     base = _port_base(port, env, notices)
-    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw)
+    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw, allow_log_loss)
     main_loop(name, output, _UpJob(selected, counts, env, base, grace, notices))
 
 

@@ -159,6 +159,14 @@ class Runner:
         return self._hub.log_path
 
     @property
+    def log_lines_lost(self) -> int:
+        """The lines and records the log files (``log_dir=``) could not write (a full disk).
+
+        Counted while such a file is suspended; see :ref:`log-loss`.  0 if none was lost.
+        """
+        return self._hub.lines_lost
+
+    @property
     def monitor_url(self) -> str | None:
         """``http://HOST:PORT/?token=...``, the monitor's page (with ``monitor=``), once entered.
 

@@ -77,6 +77,7 @@ class LogHub:
         #: The backlogs of every source, bounded together.
         self._backlogs = Backlogs()
         self.log_path: str | None = None
+        self._files: LogFiles | None = None
         self.router: Router
         self.collector: Collector
         self.server: LogServer
@@ -106,12 +107,14 @@ class LogHub:
         try:
             if self._log_dir is not None:
                 self.log_path = _make_run_folder(self._log_dir, self._runner_name)
-                files = LogFiles(self.log_path)
-                self._routes.append(Route(files))
-                self._owned.append(files)
+                self._files = LogFiles(self.log_path)
+                self._routes.append(Route(self._files))
+                self._owned.append(self._files)
             self.router = Router(
                 self._runner_name, self._routes, propagate=self._propagate, backlogs=self._backlogs
             )
+            if self._files is not None:
+                self._files.warn = self.router.warn
             self.collector = Collector(self.router, name=self._runner_name)
             self._runner_state = StreamState(
                 self.router.runner_source, RECORDS, None, 0, os.getpid()
@@ -170,10 +173,18 @@ class LogHub:
         """Flush every handler and close the runner's own (blocking: run it in a thread)."""
         router = getattr(self, "router", None)
         if router is not None:
+            losses = self._files.losses() if self._files is not None else None
+            if losses is not None:
+                router.warn(losses)  # the runner's own last word, while every handler is open
             router.close(self._owned)
         else:
             for handler in self._owned:
                 handler.close()
+
+    @property
+    def lines_lost(self) -> int:
+        """The lines and records the run's log files could not write (a full disk)."""
+        return self._files.missed if self._files is not None else 0
 
     # -- sources --------------------------------------------------------------------------
 

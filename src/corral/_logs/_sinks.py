@@ -7,13 +7,15 @@ forwarder are block sinks too.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
 import threading
 import time
 from collections import OrderedDict
-from typing import IO
+from collections.abc import Callable
+from typing import Final
 
 from ._records import believable, format_message, source_of, wire_message
 from ._sources import Source
@@ -68,6 +70,91 @@ class BlockSink(logging.Handler):
         self.flush()
 
 
+#: A log file that could not be written is tried again after this many seconds.
+RETRY_INTERVAL: Final = 5.0
+#: A log file's own buffer: written out beyond this, and after every batch.
+_FILE_BUFFER: Final = 1 << 16
+
+
+class _File:
+    """One file of the folder, with its own buffer and what it missed.
+
+    A write error (a full disk, a quota, an I/O error) suspends it: the
+    lines it held and those that come until it is tried again, every
+    :data:`RETRY_INTERVAL` seconds, are counted in :attr:`missed`.
+    """
+
+    __slots__ = ("_buffer", "_file", "_size", "error", "missed", "path", "retry_at", "said")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: io.FileIO | None = io.FileIO(path, "ab")  # opening may raise: the caller's
+        self._buffer: list[bytes] = []
+        self._size = 0
+        self.missed = 0  # lines it could not write, in all
+        self.said = 0  # ... of which a warning told already
+        self.error: OSError | None = None  # why it is suspended
+        self.retry_at = 0.0
+
+    def write(self, data: bytes) -> None:
+        """Write ``data``, whole lines (at the latest on :meth:`flush`)."""
+        if self.error is not None and not self._resumed():
+            self.missed += data.count(b"\n")
+            return
+        self._buffer.append(data)
+        self._size += len(data)
+        if self._size >= _FILE_BUFFER:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer or self._file is None:
+            return
+        data = b"".join(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
+        self._buffer.clear()
+        self._size = 0
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[self._file.write(view) or 0 :]
+        except OSError as exc:
+            self.missed += view.tobytes().count(b"\n")
+            self.error = exc
+            self.retry_at = time.monotonic() + RETRY_INTERVAL
+            self._close()
+
+    def _resumed(self) -> bool:
+        """Whether a suspended file can be written again (tried once its time has come)."""
+        if time.monotonic() < self.retry_at:
+            return False
+        assert self.error is not None
+        missed, why = self.missed - self.said, self.error.strerror or str(self.error)
+        try:
+            self._file = io.FileIO(self.path, "ab")
+            self._file.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}.000 WARNING  corral [log files] "
+                f"{missed} lines missed here: {why}\n".encode()
+            )
+        except OSError as exc:
+            self.error = exc
+            self.retry_at = time.monotonic() + RETRY_INTERVAL
+            self._close()
+            return False
+        self.error = None
+        return True
+
+    def _close(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.flush()
+        self._close()
+
+
 class LogFiles(BlockSink):
     """One file per source plus ``combined.log``, in one folder.
 
@@ -84,22 +171,38 @@ class LogFiles(BlockSink):
     and, in ``combined.log``, carry the source::
 
         2026-11-30 10:33:01.123 INFO     corral.web [stdout] listening on port 8080
+
+    A file that cannot be written (a full disk) is suspended: ``warn`` is
+    called once with its name and the error, the lines it misses are
+    counted (:attr:`missed`) while the other files and destinations go on,
+    and it is tried again every :data:`RETRY_INTERVAL` seconds; written
+    again, it says there how many lines it missed, and ``warn`` says so too.
+    ``warn`` is called after a batch (from :meth:`flush`), never while a
+    line is being written.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], *, max_open: int = 64) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        max_open: int = 64,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__(logging.DEBUG)
         self.folder = os.fspath(folder)
         os.makedirs(self.folder, exist_ok=True)
         self._max_open = max_open
-        self._files: OrderedDict[str, IO[bytes] | None] = OrderedDict()
-        self._combined = open(  # noqa: SIM115 - closed in close()
-            os.path.join(self.folder, "combined.log"), "ab", buffering=1 << 16
-        )
+        self.warn = warn
+        self._files: OrderedDict[str, _File | None] = OrderedDict()
+        self._combined = _File(os.path.join(self.folder, "combined.log"))
+        #: Files that missed lines, closed since (their count is kept).
+        self._gone: list[_File] = []
+        self._told: set[int] = set()  # files suspended that a warning named (by id)
         self._stamps = Stamps("%Y-%m-%d %H:%M:%S")
         self._prefixes: dict[tuple[str, int, str, int], tuple[bytes, bytes]] = {}
         self._write_lock = threading.Lock()
 
-    def _file_for(self, source: str) -> IO[bytes] | None:
+    def _file_for(self, source: str) -> _File | None:
         if source in self._files:
             self._files.move_to_end(source)
             return self._files[source]
@@ -107,15 +210,15 @@ class LogFiles(BlockSink):
             for name, oldest in list(self._files.items()):
                 if oldest is not None:
                     oldest.close()
+                    if oldest.missed or oldest.error is not None:
+                        self._gone.append(oldest)
                     del self._files[name]
                     break
             else:
                 self._files.popitem(last=False)
         safe = source.replace(os.sep, "_").replace("\0", "_") + ".log"
         try:
-            file: IO[bytes] | None = open(  # noqa: SIM115 - closed in close()
-                os.path.join(self.folder, safe), "ab", buffering=1 << 16
-            )
+            file: _File | None = _File(os.path.join(self.folder, safe))
         except OSError as exc:
             # Not a possible file name (too long, say): combined.log only.
             self._combined.write(
@@ -125,6 +228,15 @@ class LogFiles(BlockSink):
             file = None
         self._files[source] = file
         return file
+
+    @property
+    def missed(self) -> int:
+        """The lines (and records) that some file of the folder could not write, in all."""
+        with self._write_lock:
+            return sum(file.missed for file in self._all())
+
+    def _all(self) -> list[_File]:
+        return [self._combined, *self._gone, *(f for f in self._files.values() if f is not None)]
 
     def _prefix(self, source: str, level: int, stream: str, created: float) -> tuple[bytes, bytes]:
         millis = int((created - int(created)) * 1000)
@@ -185,16 +297,55 @@ class LogFiles(BlockSink):
 
     def flush(self) -> None:
         with self._write_lock:
-            for file in self._files.values():
-                if file is not None:
-                    file.flush()
-            self._combined.flush()
+            for file in self._all():
+                file.flush()
+            said = self._news()
+        if self.warn is not None:
+            for message in said:
+                self.warn(message)
+
+    def _news(self) -> list[str]:
+        """What to warn about since the last time: files suspended, files written again."""
+        said = []
+        for file in self._all():
+            if file.error is not None and id(file) not in self._told:
+                self._told.add(id(file))
+                said.append(
+                    f"log file {file.path}: {file.error.strerror or file.error}; its lines "
+                    f"are counted and dropped until it can be written again (tried every "
+                    f"{RETRY_INTERVAL:g} s; the console and the other destinations go on)"
+                )
+            elif file.error is None and id(file) in self._told:
+                self._told.discard(id(file))
+                said.append(
+                    f"log file {file.path} is written again; it missed {file.missed - file.said} "
+                    "lines"
+                )
+                file.said = file.missed
+        return said
+
+    def losses(self) -> str | None:
+        """What the files missed in all, as the runner says at its end (``None``: nothing)."""
+        with self._write_lock:
+            files = [file for file in self._all() if file.missed]
+        if not files:
+            return None
+        files.sort(key=lambda file: -file.missed)
+        each = ", ".join(f"{os.path.basename(f.path)} {f.missed}" for f in files[:5])
+        more = f" and {len(files) - 5} more files" if len(files) > 5 else ""
+        total = sum(file.missed for file in files)
+        return (
+            f"the log files in {self.folder} missed {total} lines ({each}{more}): "
+            "they could not be written"
+        )
 
     def close(self) -> None:
         with self._write_lock:
             for file in self._files.values():
                 if file is not None:
                     file.close()
+                    if file.missed:
+                        self._gone.append(file)
             self._files.clear()
             self._combined.close()
         super().close()

@@ -100,6 +100,11 @@ class SyncRunner:
         return self.runner.log_path
 
     @property
+    def log_lines_lost(self) -> int:
+        """The lines the log files could not write, as :attr:`Runner.log_lines_lost`."""
+        return self.runner.log_lines_lost
+
+    @property
     def monitor_url(self) -> str | None:
         """The monitor's address (with ``monitor=``), as :attr:`Runner.monitor_url`."""
         return self.runner.monitor_url
