@@ -195,3 +195,11 @@ def test_a_progress_bar_is_drawn_filtered_on_a_terminal() -> None:
     drawn = stream.getvalue()
     assert "50% \\x1b]52;c;aGk=\\x07\\x07\\x00" in drawn, repr(drawn)
     assert not any(bad in drawn for bad in ("\x07", "\x00", "\x1b]", "\x1b[2J")), repr(drawn)
+
+
+def test_what_the_command_says_is_filtered_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """corral's own one-liners quote others' text (ssh's message about a host, say)."""
+    from corral._cli._io import say
+
+    say(f"corral: error: host said {EVIL}")
+    assert capsys.readouterr().err == f"corral: error: host said {EVIL_SHOWN}\n"

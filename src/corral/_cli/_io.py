@@ -12,6 +12,8 @@ from typing import Any, NoReturn
 
 import anyio
 
+from .._logs._terminal import terminal_text
+
 __all__ = ["EXIT_PIPE", "Stdout", "exit_code", "fail", "say", "shorten"]
 
 
@@ -31,9 +33,13 @@ _HANG_UP = select.POLLERR | select.POLLHUP
 
 
 def say(message: str) -> None:
-    """One line of corral's own on stderr (nothing if nobody reads stderr any more)."""
+    """One line of corral's own on stderr (nothing if nobody reads stderr any more).
+
+    It may quote what others wrote (ssh's message about a host, a server's
+    answer): the console's policy for a terminal applies to it.
+    """
     try:
-        sys.stderr.write(message.replace("\n", " ") + "\n")
+        sys.stderr.write(terminal_text(message.replace("\n", " ")) + "\n")
         sys.stderr.flush()
     except _READER_GONE:
         _silence(sys.stderr)
