@@ -17,9 +17,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from tests.cli.test_cli import corral
 from tests.helpers.processes import ListHandler
+from tests.monitor.test_monitor import MonitorClient
 
 import corral as corral_lib
 
@@ -59,9 +61,19 @@ async def test_a_full_disk_suspends_the_files_counts_and_resumes(
     filler.write_bytes(b"x" * 40_000)
     every = ListHandler(logging.INFO)
     suspended = re.compile(r"log file (\S+): No space left on device; its lines are counted")
-    async with corral_lib.open_runner(
-        name="full", console=False, handlers=[every], log_dir=small_disk / "logs"
-    ) as r:
+    async with (
+        anyio.create_task_group() as tg,
+        corral_lib.open_runner(
+            name="full",
+            console=False,
+            handlers=[every],
+            log_dir=small_disk / "logs",
+            monitor="127.0.0.1:0",
+        ) as r,
+    ):
+        assert r.monitor_url is not None
+        watcher = await MonitorClient.connect(r.monitor_url)
+        tg.start_soon(watcher.rest)  # to the monitor's end
         proc = await r.start([PY, "-c", CHILD], name="flood", stdin=subprocess.PIPE)
         assert proc.stdin is not None
         await proc.stdin.send(b"0 5000\n")  # 60 KB: more than is left
@@ -93,6 +105,10 @@ async def test_a_full_disk_suspends_the_files_counts_and_resumes(
     last = every.messages("full")[-1]
     assert last.startswith(f"the log files in {folder} missed {r.log_lines_lost} lines ("), last
     assert f"full.flood.log {gap[0]}" in last
+    # The monitor's clients were told too, the total before the monitor's end.
+    told = [row[5] for row in watcher.rows("full")]
+    assert sum(bool(suspended.match(m)) for m in told) == 2, told
+    assert last in told and watcher.ending[-1] == {"type": "end"}
     assert "Traceback" not in capfd.readouterr().err  # no destination broke
 
 

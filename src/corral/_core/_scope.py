@@ -169,6 +169,7 @@ class Scope:
                     # like the log service's own wait for a stuck handler).
                     with anyio.move_on_after(10):
                         await self._hub.delivered(self._hub.collector.mark())
+                        await self._hub.report_losses()  # what the log files missed
                     monitor.end()
 
                 await _backend.start_surely(

@@ -78,6 +78,7 @@ class LogHub:
         self._backlogs = Backlogs()
         self.log_path: str | None = None
         self._files: LogFiles | None = None
+        self._said_losses: str | None = None
         self.router: Router
         self.collector: Collector
         self.server: LogServer
@@ -173,13 +174,29 @@ class LogHub:
         """Flush every handler and close the runner's own (blocking: run it in a thread)."""
         router = getattr(self, "router", None)
         if router is not None:
-            losses = self._files.losses() if self._files is not None else None
-            if losses is not None:
-                router.warn(losses)  # the runner's own last word, while every handler is open
+            self._say_losses()  # the runner's own last word, while every handler is open
             router.close(self._owned)
         else:
             for handler in self._owned:
                 handler.close()
+
+    async def report_losses(self) -> None:
+        """Say now (a WARNING of the runner's) what the log files missed, if anything.
+
+        For the monitor, whose clients are told before it ends; said again at
+        the close only if more was lost since.  In the thread of the handlers,
+        between two batches; given up on with the caller's cancellation.
+        """
+        if self._files is not None:
+            await anyio.to_thread.run_sync(
+                self._say_losses, limiter=self.collector.limiter, abandon_on_cancel=True
+            )
+
+    def _say_losses(self) -> None:
+        losses = self._files.losses() if self._files is not None else None
+        if losses is not None and losses != self._said_losses:
+            self._said_losses = losses
+            self.router.warn(losses)
 
     @property
     def lines_lost(self) -> int:
