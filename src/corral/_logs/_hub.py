@@ -174,6 +174,8 @@ class LogHub:
         """Flush every handler and close the runner's own (blocking: run it in a thread)."""
         router = getattr(self, "router", None)
         if router is not None:
+            if self._files is not None:
+                self._files.flush()  # what the files still hold: written, or counted
             self._say_losses()  # the runner's own last word, while every handler is open
             router.close(self._owned)
         else:

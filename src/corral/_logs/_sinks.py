@@ -231,12 +231,15 @@ class LogFiles(BlockSink):
 
     @property
     def missed(self) -> int:
-        """The lines (and records) that some file of the folder could not write, in all."""
-        with self._write_lock:
-            return sum(file.missed for file in self._all())
+        """The lines (and records) that some file of the folder could not write, in all.
+
+        Without the lock (the loop may ask): :meth:`_all` copies in C, under the GIL.
+        """
+        return sum(file.missed for file in self._all())
 
     def _all(self) -> list[_File]:
-        return [self._combined, *self._gone, *(f for f in self._files.values() if f is not None)]
+        files = list(self._files.values())
+        return [self._combined, *list(self._gone), *(f for f in files if f is not None)]
 
     def _prefix(self, source: str, level: int, stream: str, created: float) -> tuple[bytes, bytes]:
         millis = int((created - int(created)) * 1000)
