@@ -128,6 +128,8 @@ class Output:
     colour: bool | None
     status: bool
     monitor: str | None = None
+    #: Containment: the runner's cgroup, and the command as a child subreaper.
+    contain: bool = True
 
     @classmethod
     def of(
@@ -137,6 +139,7 @@ class Output:
         no_color: bool,
         no_status: bool,
         monitor: str | None,
+        no_contain: bool = False,
     ) -> Output:
         """From the shared options, as click gives them."""
         colour = False if no_color else None
@@ -148,7 +151,7 @@ class Output:
                     f"cannot make the folder {shorten(log_dir)}: {exc.strerror or exc}",
                     param_hint="--log-dir",
                 ) from None
-        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor))
+        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor), not no_contain)
 
 
 def output_options(func: Any) -> Any:
@@ -176,6 +179,11 @@ def output_options(func: Any) -> Any:
                 "--monitor",
                 metavar="HOST:PORT",
                 help="Serve a live monitor (a page and a WebSocket) here, e.g. 127.0.0.1:0.",
+            ),
+            click.option(
+                "--no-contain",
+                is_flag=True,
+                help="Stop process groups only: leave what left its group (a daemon) running.",
             ),
         ]
     ):
