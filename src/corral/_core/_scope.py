@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from types import ModuleType, TracebackType
 
@@ -348,11 +347,11 @@ class Scope:
 async def _in_thread(
     fn: Callable[[int, float], None], signum: int, grace: float
 ) -> Exception | None:
-    """``fn(signum, grace)`` in a thread of its own, waited for to its end whatever cancels us.
+    """``fn(signum, grace)`` in a worker thread, waited for to its end whatever cancels us.
 
-    Shielded waits do not hold back asyncio's native cancellation, so the end
-    is an ordinary descriptor to wait on, which that wait can be restarted on.
-    Returns the exception ``fn`` raised, if any.
+    Shielded waits do not hold back asyncio's native cancellation: if one
+    comes, the thread goes on, and its end is an ordinary descriptor to wait
+    on, a wait that can be restarted.  Returns the exception ``fn`` raised.
     """
     done_r, done_w = os.pipe2(os.O_CLOEXEC)
     failure: list[Exception] = []
@@ -363,17 +362,16 @@ async def _in_thread(
         except Exception as exc:
             failure.append(exc)
         finally:
-            os.close(done_w)
+            os.write(done_w, b"x")
 
     try:
-        threading.Thread(target=body, name="corral strays", daemon=True).start()
-    except BaseException:
-        os.close(done_w)
-        os.close(done_r)
-        raise
-    try:
-        await _backend.outlast_native_cancel(lambda: anyio.wait_readable(done_r))
+        try:
+            await anyio.to_thread.run_sync(body, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            await _backend.outlast_native_cancel(lambda: anyio.wait_readable(done_r))
+            raise
     finally:
+        os.close(done_w)
         os.close(done_r)
     return failure[0] if failure else None
 
