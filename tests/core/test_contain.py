@@ -188,6 +188,32 @@ async def test_the_environment_stays_exactly_the_one_given() -> None:
     assert "PWD=/elsewhere" in with_pwd.stdout.decode().splitlines()
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x7fELF\x02\x01\x01" + bytes(9) + b"not really an ELF file",
+        b"echo no interpreter line\n",
+        b"#!/no/such/interpreter\necho hi\n",
+    ],
+    ids=["broken-elf", "no-shebang", "missing-interpreter"],
+)
+@pytest.mark.anyio
+async def test_a_program_that_cannot_run_fails_the_start_as_with_subprocess(
+    tmp_path: Path, content: bytes
+) -> None:
+    """Through the shell step a failing ``exec`` would only be an exit code: checked first."""
+    program = tmp_path / "prog"
+    program.write_bytes(content)
+    program.chmod(0o755)
+    with pytest.raises(OSError) as expected:
+        subprocess.Popen([str(program)])
+    async with corral.open_runner(name="cannot", console=False) as r:
+        with pytest.raises(OSError) as raised:
+            await r.start([str(program)])
+    assert type(raised.value) is type(expected.value)
+    assert (raised.value.errno, raised.value.filename) == (expected.value.errno, str(program))
+
+
 def test_bad_options_are_refused() -> None:
     with pytest.raises(TypeError, match="contain must be True or False"):
         corral.open_runner(contain="yes")  # type: ignore[arg-type]

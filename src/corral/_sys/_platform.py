@@ -87,18 +87,58 @@ class StatusLost(ChildProcessError):
 
 
 def _resolve(program: str, env: Mapping[bytes, bytes], cwd: str | None) -> None:
-    """Raise as :mod:`subprocess` would if ``program`` cannot be executed."""
+    """Raise as :mod:`subprocess` would if ``program`` cannot be executed.
+
+    For a child started through the shell step, whose own ``exec`` failing
+    would only be an exit code: no such file, not executable, and the common
+    causes of ``ENOEXEC`` (neither a binary nor a ``#!`` script) and of
+    ``ENOENT`` on an existing script (its interpreter missing).
+    """
     if os.sep in program:
         path = program if cwd is None else os.path.join(cwd, program)
         if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
         if not os.access(path, os.X_OK) or os.path.isdir(path):
             raise PermissionError(errno.EACCES, "Permission denied", program)
-        return
-    search = env.get(b"PATH")
-    found = shutil.which(program, path=os.fsdecode(search) if search is not None else os.defpath)
-    if found is None:
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+    else:
+        search = env.get(b"PATH")
+        where = os.fsdecode(search) if search is not None else os.defpath
+        found = shutil.which(program, path=where)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+        path = found
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return  # executable but not readable: only exec can tell
+    if head.startswith(b"#!"):
+        interpreter = head[2:].split(b"\n", 1)[0].split()
+        if interpreter and not os.path.exists(interpreter[0]):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+    elif not _runnable_elf(head):
+        raise OSError(errno.ENOEXEC, "Exec format error", program)
+
+
+_native_elf: bytes | None = None
+
+
+def _elf_kind(head: bytes) -> bytes:
+    """What the kernel checks first of an ELF header: class, byte order, version, machine."""
+    # e_type: 2 an executable, 3 a shared object (a PIE); in the file's byte order.
+    kind = int.from_bytes(head[16:18], "little" if head[5:6] == b"\x01" else "big")
+    return head[4:7] + (head[18:20] if kind in (2, 3) else b"?")
+
+
+def _runnable_elf(head: bytes) -> bool:
+    """Whether ``head`` starts an ELF executable for this machine (as this Python is)."""
+    global _native_elf
+    if not head.startswith(b"\x7fELF") or len(head) < 20:
+        return False
+    if _native_elf is None:
+        with open("/proc/self/exe", "rb") as f:
+            _native_elf = _elf_kind(f.read(20))
+    return _elf_kind(head) == _native_elf
 
 
 def spawn(
