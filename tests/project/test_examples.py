@@ -278,6 +278,7 @@ DOC_PAGES = [
     "howto/logging.rst",
     "howto/subprocess.rst",
     "howto/monitor.rst",
+    "howto/containment.rst",
 ]
 
 _CODE_BLOCK = re.compile(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", re.MULTILINE)

@@ -133,6 +133,8 @@ class Output:
     raw: bool = False
     #: Lines the log files missed do not make the exit code 1 (``--allow-log-loss``).
     allow_log_loss: bool = False
+    #: Containment: the runner's cgroup, and the command as a child subreaper.
+    contain: bool = True
 
     @classmethod
     def of(
@@ -142,8 +144,10 @@ class Output:
         no_color: bool,
         no_status: bool,
         monitor: str | None,
+        *,
         raw: bool = False,
         allow_log_loss: bool = False,
+        no_contain: bool = False,
     ) -> Output:
         """From the shared options, as click gives them."""
         colour = False if no_color else None
@@ -156,7 +160,14 @@ class Output:
                     param_hint="--log-dir",
                 ) from None
         return cls(
-            log_dir, not no_prefix, colour, not no_status, _monitor(monitor), raw, allow_log_loss
+            log_dir,
+            not no_prefix,
+            colour,
+            not no_status,
+            _monitor(monitor),
+            raw=raw,
+            allow_log_loss=allow_log_loss,
+            contain=not no_contain,
         )
 
 
@@ -201,6 +212,11 @@ def output_options(func: Any) -> Any:
                 "--monitor",
                 metavar="HOST:PORT",
                 help="Serve a live monitor (a page and a WebSocket) here, e.g. 127.0.0.1:0.",
+            ),
+            click.option(
+                "--no-contain",
+                is_flag=True,
+                help="Stop process groups only: leave what left its group (a daemon) running.",
             ),
         ]
     ):

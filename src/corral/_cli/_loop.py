@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 
 from .._logs._terminal import terminal_text
+from .._sys import _contain
 from ._console import CommandConsole
 from ._group import Output
 from ._io import EXIT_PIPE, Stdout, fail, say
@@ -67,8 +68,16 @@ def call_soon(loop: LoopHandle, fn: Callable[[], object]) -> None:
 
 def main_loop(name: str, output: Output, job: Job) -> NoReturn:
     stdout = Stdout(sys.stdout)
+    if output.contain:
+        # The command owns its process: what its processes orphan is handed
+        # to it (not to init), to stop and reap, up to its very end.
+        _contain.set_subreaper(True)
     try:
-        code = anyio.run(_serve, name, output, job, stdout)
+        try:
+            code = anyio.run(_serve, name, output, job, stdout)
+        finally:
+            if output.contain:
+                _last_sweep(job.grace)
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseExceptionGroup as group:
@@ -77,6 +86,26 @@ def main_loop(name: str, output: Output, job: Job) -> NoReturn:
         sys.exit(_from_group(BaseExceptionGroup("", [exc]), job.programs))
     check_written(stdout)
     sys.exit(code)
+
+
+def _last_sweep(grace: float) -> None:
+    """Once the runner is gone, stop every child the command still has, and reap it.
+
+    The runner stopped what it could tell was its children's (in its cgroup,
+    or marked in the environment); an orphan that cleared its environment,
+    without a cgroup, is still the command's child (it is a subreaper).  Nothing
+    else can be running now, so every child is a stray.  A Ctrl-C meanwhile
+    kills them at once.
+    """
+    strays = _contain.Containment("corral", cgroup=False, subreaper=False, adopt_all=True)
+    found = strays.strays()
+    if not found:
+        return
+    say(f"corral: stopping {len(found)} process(es) left behind: {_contain.describe(found)}")
+    try:
+        strays.stop(signal.SIGTERM, grace)
+    except KeyboardInterrupt:
+        strays.stop(signal.SIGKILL, 0)
 
 
 def _from_group(group: BaseExceptionGroup[BaseException], programs: Sequence[str]) -> int:
@@ -162,11 +191,14 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
             try:
                 async with corral.open_runner(
                     name=name,
+                    grace=job.grace,
                     console=False,
                     handlers=[console],
                     log_dir=output.log_dir,
                     handle_signals=True,
                     monitor=output.monitor,
+                    contain=output.contain,
+                    subreaper=output.contain,
                 ) as r:
                     runner.append(r)
                     console.interrupted = lambda: r.received_signal == signal.SIGINT

@@ -260,6 +260,7 @@ def run(
     no_status: bool,
     grace: float,
     monitor: str | None,
+    no_contain: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND NPROC times per host, as torchrun would, and show every line.
@@ -314,7 +315,16 @@ def run(
             slurm_hosts()
         except (RuntimeError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
-    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw, allow_log_loss)
+    output = Output.of(
+        log_dir,
+        no_prefix,
+        no_color,
+        no_status,
+        monitor,
+        raw=raw,
+        allow_log_loss=allow_log_loss,
+        no_contain=no_contain,
+    )
     if (nproc or 1) > 1 and "OMP_NUM_THREADS" not in os.environ | extra_env:
         # As torchrun does, and says: once, before anything starts.
         from .._launch._torchenv import OMP_NOTICE

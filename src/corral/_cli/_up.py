@@ -126,6 +126,7 @@ def up(
     no_status: bool,
     grace: float,
     monitor: str | None,
+    no_contain: bool,
     args: tuple[str, ...],
 ) -> None:
     """Run the processes of a Procfile; when any of them exits, stop the rest.
@@ -164,7 +165,16 @@ def up(
     if not any(counts.values()):
         raise click.UsageError("nothing to run: every selected process has 0 copies (-c)")
     base = _port_base(port, env, notices)
-    output = Output.of(log_dir, no_prefix, no_color, no_status, monitor, raw, allow_log_loss)
+    output = Output.of(
+        log_dir,
+        no_prefix,
+        no_color,
+        no_status,
+        monitor,
+        raw=raw,
+        allow_log_loss=allow_log_loss,
+        no_contain=no_contain,
+    )
     main_loop(name, output, _UpJob(selected, counts, env, base, grace, notices))
 
 

@@ -28,6 +28,9 @@ keeps the other.  The runner tells it, one short line each:
 ``d<path>``
     remove that folder when the launcher is gone (the log socket's; on a
     clean exit the runner has removed it already).
+``g<path>`` and ``G<path>``
+    kill everything in the runner's cgroup (see :mod:`corral._sys._contain`)
+    and remove it when the launcher is gone; forget it (removed already).
 
 The helper ignores the usual stop signals and simply reads.  When the read
 returns end-of-file, the runner's process is gone — or the runner closed its
@@ -42,10 +45,12 @@ kernel closes the dead launcher's descriptors, so children and grandchildren
 die within milliseconds, whatever thread spawned them.
 
 Descendants that left their process group (a daemon that called ``setsid``)
-are *not* killed: a process that puts itself in a new session has asked to
-live on its own, and nothing identifies it reliably (it may have cleared its
-environment).  Children started with ``start_new_session=True`` are leaders
-of their own group and are killed like any other.
+are killed through the runner's cgroup, where it has one: the helper writes
+its ``cgroup.kill`` after the groups (and once more after the scan for
+children in flight), waits up to 2 s for it to empty, and removes it.
+Without a cgroup they are not found (they may have cleared their
+environment too).  Children started with ``start_new_session=True`` are
+leaders of their own group and are killed like any other.
 
 The runner watches the helper through a pidfd: if it dies (killed by an
 administrator or the OOM killer), the runner logs an ERROR and starts a new
@@ -81,7 +86,7 @@ for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.S
           signal.SIGUSR2, signal.SIGPIPE):
     signal.signal(s, signal.SIG_IGN)
 marker = os.environ["CORRAL_LIFELINE_TOKEN"].encode()
-groups, pending, folders = set(), set(), set()
+groups, pending, folders, cgroups = set(), set(), set(), set()
 buffered = b""
 while True:
     try:
@@ -108,11 +113,40 @@ while True:
             pending.discard(rest)
         elif kind == b"d":
             folders.add(rest)
+        elif kind == b"g":
+            cgroups.add(rest)
+        elif kind == b"G":
+            cgroups.discard(rest)
 for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+def kill_cgroups():
+    for cgroup in cgroups:
+        try:
+            fd = os.open(cgroup + b"/cgroup.kill", os.O_WRONLY)
+        except OSError:
+            # No cgroup.kill (Linux < 5.14): each member (the launcher is gone,
+            # nobody else can move them or reap them meanwhile but their parents).
+            for directory, _, _ in os.walk(cgroup):
+                try:
+                    with open(directory + b"/cgroup.procs", "rb") as f:
+                        pids = f.read().split()
+                except OSError:
+                    continue
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+            continue
+        try:
+            os.write(fd, b"1")
+        except OSError:
+            pass
+        os.close(fd)
+kill_cgroups()
 # A child being spawned shows its marker only once it has exec'd: between fork
 # and exec its environment is still the launcher's.  So look again, briefly,
 # until every spawn in flight is found (or had time to exec, or to fail).
@@ -139,6 +173,23 @@ while wanted and time.monotonic() < deadline:
                     pass
     if wanted:
         time.sleep(0.01)
+if cgroups:
+    kill_cgroups()  # whatever a child caught in flight had forked meanwhile
+    deadline = time.monotonic() + 2.0
+    for cgroup in cgroups:
+        while time.monotonic() < deadline:
+            try:
+                with open(cgroup + b"/cgroup.events", "rb") as f:
+                    if b"populated 1" not in f.read():
+                        break
+            except OSError:
+                break
+            time.sleep(0.01)
+        try:
+            for directory, _, _ in os.walk(cgroup, topdown=False):
+                os.rmdir(directory)
+        except OSError:
+            pass
 for folder in folders:
     # The log socket's folder holds the socket alone: no shutil to import.
     try:
@@ -167,6 +218,7 @@ class Lifeline:
         self._sock: socket.socket | None = None
         self._groups: set[int] = set()
         self._folders: set[str] = set()
+        self._cgroups: set[str] = set()
         self._next = 0
         #: Announced spawns not yet reported spawned or failed.
         self._pending: set[bytes] = set()
@@ -183,6 +235,11 @@ class Lifeline:
     def pid(self) -> int | None:
         """The helper's pid while it runs."""
         return self._pid
+
+    @property
+    def marker(self) -> bytes:
+        """What every child of the runner has in its environment: ``CORRAL_LIFELINE=<token>.``."""
+        return f"{_childenv.LIFELINE}={self._token}.".encode()
 
     @property
     def restarts(self) -> int:
@@ -225,6 +282,7 @@ class Lifeline:
             self._started.set()
         state = [b"+%d 0\n" % pgid for pgid in self._groups]
         state += [b"d" + os.fsencode(folder) + b"\n" for folder in self._folders]
+        state += [b"g" + os.fsencode(cgroup) + b"\n" for cgroup in self._cgroups]
         if state:
             self._send(b"".join(state))
 
@@ -259,6 +317,16 @@ class Lifeline:
         """Remove ``path`` if the launcher dies."""
         self._folders.add(path)
         self._send(b"d" + os.fsencode(path) + b"\n")
+
+    def add_cgroup(self, path: str) -> None:
+        """Kill everything in the cgroup at ``path`` and remove it if the launcher dies."""
+        self._cgroups.add(path)
+        self._send(b"g" + os.fsencode(path) + b"\n")
+
+    def remove_cgroup(self, path: str) -> None:
+        """The cgroup at ``path`` was removed: nothing to do about it any more."""
+        self._cgroups.discard(path)
+        self._send(b"G" + os.fsencode(path) + b"\n")
 
     def _send(self, line: bytes) -> None:
         # A short line into a socket that the helper drains at once: the send
@@ -357,7 +425,7 @@ class Lifeline:
     def release(self) -> bool:
         """At a runner's exit, once every child is reaped: let the helper go now.
 
-        With nothing on its list (no group, no spawn in flight) the helper
+        With nothing on its list (no group, no spawn in flight, no cgroup) the helper
         has nothing left to guard, so it is sent SIGKILL, which ends it
         within the kernel's own time, without waiting for a scheduler turn
         to read end-of-file on a busy machine; :meth:`aclose` reaps it later.
@@ -365,7 +433,7 @@ class Lifeline:
         must stay and :meth:`aclose` closes it the usual way.  Returns
         whether the helper was let go.
         """
-        if self._closing or self._groups or self._pending:
+        if self._closing or self._groups or self._pending or self._cgroups:
             return False
         self._closing = True
         if self._pidfd is not None:

@@ -87,6 +87,8 @@ class Runner:
         propagate: bool = False,
         handle_signals: bool | None = None,
         monitor: str | bool | None = None,
+        contain: bool = True,
+        subreaper: bool = False,
     ) -> None:
         check_name(name, "runner")
         if "." in name:
@@ -126,6 +128,8 @@ class Runner:
             monitor=self._monitor,
             handle_signals=handle_signals,
             live_count=lambda: len(self._children),
+            contain=(contain, subreaper),
+            stop=(self._stop_signal, self._grace),
         )
         self._children = Children(
             name, hub=self._hub, scope=self._scope, grace=self._grace, stop_signal=self._stop_signal
@@ -533,6 +537,8 @@ def open_runner(
     propagate: bool = False,
     handle_signals: bool | None = None,
     monitor: str | bool | None = None,
+    contain: bool = True,
+    subreaper: bool = False,
 ) -> Runner:
     """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
 
@@ -578,6 +584,10 @@ def open_runner(
             free port.  An address that cannot be had (a port in use, an
             address this machine does not have) makes entering raise an
             :exc:`OSError` that names it and the reason, within 10 seconds.
+        contain: start the children in a cgroup of the runner's own where one
+            can be made, so that what leaves their process groups (a ``setsid``
+            daemon) is stopped with them (see :doc:`howto/containment`).
+        subreaper: make the process a child subreaper while open (orphans are stopped too).
 
     Entering the runner raises :exc:`CorralError` if the system cannot give
     it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
@@ -593,4 +603,6 @@ def open_runner(
         propagate=propagate,
         handle_signals=handle_signals,
         monitor=monitor,
+        contain=contain,
+        subreaper=subreaper,
     )

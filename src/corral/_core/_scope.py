@@ -12,6 +12,8 @@ for the rules.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable
 from types import ModuleType, TracebackType
@@ -23,7 +25,7 @@ from anyio.abc import TaskGroup
 from .._logs._hub import LogHub, protected_modules
 from .._monitor._serve import serve as serve_monitor
 from .._monitor._server import Monitor
-from .._sys import _backend, _platform
+from .._sys import _backend, _contain, _platform
 from . import _signals
 from ._lifeline import Lifeline
 from ._spawn import Spawner
@@ -39,7 +41,8 @@ class Scope:
     ``live_count`` tells how many children run.  :attr:`tg`,
     :attr:`services` and :attr:`signals` are there once entered;
     :attr:`closing` once the exit began, and :attr:`children_done` is set
-    once the exit began and every child is gone.
+    once the exit began and every child is gone; :attr:`done` once what they
+    left behind is gone too, which ends the services.
     """
 
     def __init__(
@@ -51,6 +54,8 @@ class Scope:
         monitor: Monitor | None,
         handle_signals: bool | None,
         live_count: Callable[[], int],
+        contain: tuple[bool, bool] = (True, False),
+        stop: tuple[int, float] = (signal.SIGTERM, 5.0),
     ) -> None:
         self._name = name
         self._hub = hub
@@ -63,10 +68,17 @@ class Scope:
         self.closing = False
         self._aborted = False
         self.children_done = anyio.Event()
+        self.done = anyio.Event()
         self.signals: _signals.Subscription | None = None
         self._signal_pending = False
         self.services: ProcessServices | None = None
         self._host_hold: _backend.HostHold | None = None
+        #: ``(contain, subreaper)`` and ``(stop_signal, grace)``: what is left
+        #: of the children is found so, and stopped so.
+        self._stop_signal, self._grace = stop
+        self._contain = _contain.Containment(
+            name, cgroup=contain[0], subreaper=contain[1], marker=lifeline.marker
+        )
 
     async def enter(self) -> None:
         """Open the log service, the lifeline, the signals, the task group and its services."""
@@ -84,11 +96,13 @@ class Scope:
             self._lifeline.start()
             entered.append("lifeline")
             self._lifeline.add_folder(hub.server.folder)
+            cgroup = self._open_containment()
+            entered.append("contain")
             self.signals = _signals.subscribe(
                 self._name, self._handle_signals, token.loop, self._on_signal, self._abort
             )
             entered.append("signals")
-            spawner = Spawner(self._name, self._lifeline, hub.log, self._live_count)
+            spawner = Spawner(self._name, self._lifeline, hub.log, self._live_count, cgroup=cgroup)
             tg = anyio.create_task_group()
             await tg.__aenter__()
         except BaseException:
@@ -113,8 +127,9 @@ class Scope:
         # cancellation goes on.
         services: list[_backend.SureTask] = [
             (hub.collector.run, (), f"corral log collector {self._name}"),
-            (hub.serve, (self.children_done,), f"corral log server {self._name}"),
-            (self._lifeline.watch, (self.children_done,), f"corral lifeline {self._name}"),
+            (self._contain_strays, (), f"corral strays {self._name}"),
+            (hub.serve, (self.done,), f"corral log server {self._name}"),
+            (self._lifeline.watch, (self.done,), f"corral lifeline {self._name}"),
         ]
         if self._monitor is not None:
             self._monitor.set_log_path(hub.log_path)
@@ -163,7 +178,7 @@ class Scope:
             async with anyio.create_task_group() as tg:
 
                 async def end_with_the_children() -> None:
-                    await self.children_done.wait()
+                    await self.done.wait()
                     # Their last lines may still be on their way to the sinks,
                     # the monitor's among them: let them arrive first (bounded,
                     # like the log service's own wait for a stuck handler).
@@ -184,6 +199,8 @@ class Scope:
             except BaseException:
                 pass  # we are failing anyway; the signal's meaning is lost only if it came now
             self.signals = None
+        if "contain" in entered:
+            self._close_containment()
         if "lifeline" in entered:
             await self._lifeline.aclose()
         if "hub" in entered:
@@ -241,6 +258,67 @@ class Scope:
                     # would have without corral (see corral._core._signals).
                     self.signals.finish()
 
+    # -- containment (see corral._sys._contain) ----------------------------------------
+
+    def _open_containment(self) -> str | None:
+        """Make the runner's cgroup and take the subreaper role; the ``cgroup.procs`` or None."""
+        contain = self._contain
+        contain.open()
+        if contain.cgroup is None:
+            if contain.unavailable is not None:
+                self._hub.log(
+                    logging.DEBUG,
+                    f"no cgroup for the children ({contain.unavailable}): a descendant that "
+                    "leaves its process group is not stopped with them",
+                )
+            return None
+        self._lifeline.add_cgroup(contain.cgroup.path)
+        return contain.cgroup.procs
+
+    async def _contain_strays(self) -> None:
+        """A service: once every child is gone, stop what they left, then end the services.
+
+        What is left outside their process groups gets the stop signal, the
+        runner's grace (cut short by a second signal), SIGKILL (``cgroup.kill``),
+        and the orphans among them are reaped: in a thread of its own, since
+        the kill waits for the kernel.  Then the cgroup is removed.
+        """
+        try:
+            with anyio.CancelScope(shield=True):
+                # (asyncio.run's final cancel-all kills the children: wait on.)
+                await _backend.outlast_native_cancel(self.children_done.wait)
+                await self._stop_strays()
+        finally:
+            self.done.set()
+
+    async def _stop_strays(self) -> None:
+        contain = self._contain
+        strays = contain.strays()
+        if strays:
+            self._hub.log(
+                logging.INFO,
+                f"stopping {len(strays)} process(es) that the children left outside their "
+                f"process groups: {_contain.describe(strays)}",
+            )
+            grace = 0.0 if self._aborted else self._grace
+            failure = await _in_thread(contain.stop, self._stop_signal, grace)
+            if failure is not None:
+                self._hub.log(logging.WARNING, f"cannot stop them all: {failure}")
+        self._close_containment()
+
+    def _close_containment(self) -> None:
+        contain = self._contain
+        cgroup = contain.cgroup
+        if contain.close():
+            if cgroup is not None:
+                self._lifeline.remove_cgroup(cgroup.path)
+        elif cgroup is not None:
+            self._hub.log(
+                logging.WARNING,
+                f"cannot remove the cgroup {cgroup.path}: a process in it did not die within "
+                f"{_contain.KILL_WAIT:g} s of SIGKILL; the lifeline tries again",
+            )
+
     def cancel(self) -> None:
         """Cancel the task group: every child is stopped, the ``async with`` ends."""
         assert self.tg is not None
@@ -255,6 +333,7 @@ class Scope:
     def _abort(self) -> None:
         """On the loop, after a second signal: stop waiting for anything but the reaping."""
         self._aborted = True
+        self._contain.abort()
         if self.tg is not None:
             self.tg.cancel_scope.cancel()
         self._hub.abort()
@@ -264,6 +343,38 @@ class Scope:
         if self.tg is not None and not self.tg.cancel_scope.cancel_called:
             self._hub.log(logging.INFO, "the host event loop is ending: stopping every child")
             self.tg.cancel_scope.cancel()
+
+
+async def _in_thread(
+    fn: Callable[[int, float], None], signum: int, grace: float
+) -> Exception | None:
+    """``fn(signum, grace)`` in a worker thread, waited for to its end whatever cancels us.
+
+    Shielded waits do not hold back asyncio's native cancellation: if one
+    comes, the thread goes on, and its end is an ordinary descriptor to wait
+    on, a wait that can be restarted.  Returns the exception ``fn`` raised.
+    """
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    failure: list[Exception] = []
+
+    def body() -> None:
+        try:
+            fn(signum, grace)
+        except Exception as exc:
+            failure.append(exc)
+        finally:
+            os.write(done_w, b"x")
+
+    try:
+        try:
+            await anyio.to_thread.run_sync(body, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            await _backend.outlast_native_cancel(lambda: anyio.wait_readable(done_r))
+            raise
+    finally:
+        os.close(done_w)
+        os.close(done_r)
+    return failure[0] if failure else None
 
 
 #: The modules of the core whose code runs on the loop.

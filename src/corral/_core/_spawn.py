@@ -165,8 +165,12 @@ class Spawner:
         lifeline: Lifeline,
         log: Callable[[int, str], None],
         live_count: Callable[[], int],
+        *,
+        cgroup: str | None = None,
     ) -> None:
         self._runner_name = runner_name
+        #: The ``cgroup.procs`` of the runner's cgroup, where every child goes (or None).
+        self._cgroup = cgroup
         self._lifeline = lifeline
         self._log = log
         self._live_count = live_count
@@ -227,6 +231,7 @@ class Spawner:
                         group=spec.group,
                         extra_groups=spec.extra_groups,
                         umask=spec.umask,
+                        cgroup=self._cgroup,
                     ),
                     None,
                 )

@@ -185,6 +185,8 @@ async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
             handlers=routes,
             log_dir=config.log_dir,
             handle_signals=True,
+            # The agent owns its process: what its workers orphan is its own.
+            subreaper=True,
         ) as runner:
             port = free_port("") if index == 0 else 0
             try:

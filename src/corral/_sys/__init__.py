@@ -4,9 +4,12 @@
 without reaping, ``/proc``, ``RLIMIT_NOFILE``.  ``_backend``: the few facts of
 the running loop AnyIO has no API for (callbacks from a signal handler, the
 loop's liveness, Trio's KeyboardInterrupt protection, asyncio's native
-cancellation).  ``_childenv``: the ``CORRAL_*`` environment a child is started
-with (the child side imports it, so it is standard library only).  A port to
+cancellation).  ``_contain``: what a runner's children leave behind (a
+descendant that left its process group), found through a cgroup of the
+runner's own (``_cgroup``) or as a child subreaper, and stopped.
+``_childenv``: the ``CORRAL_*`` environment a child is started with (the
+child side imports it, so it is standard library only).  A port to
 another Unix replaces this folder, and the lifeline's scan of ``/proc``.
 
-Public face: _platform, _backend, _childenv
+Public face: _platform, _backend, _childenv, _contain
 """

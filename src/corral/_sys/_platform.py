@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from .._errors import CorralError
-from . import _childenv
+from . import _cgroup, _childenv
 
 __all__ = [
     "FD_PER_CHILD",
@@ -62,16 +63,19 @@ __all__ = [
 FD_PER_CHILD = 3
 
 # The start-up handshake needs the pipe at descriptor 3 in the child, and
-# Popen can place descriptors only at 0, 1 and 2.  So a child that reports
-# its start is started through a one-line shell script that receives the
-# pipe as its stdin, moves it to 3, sets up the real stdin and *replaces
-# itself* with the program: the pid, process group, argv (argv[0] included)
-# and environment are the program's own.  dash handles single-digit
+# Popen can place descriptors only at 0, 1 and 2; a child contained in a
+# cgroup must move itself there before its program runs (see _cgroup).  So
+# such a child is started through a one-line shell script that does either
+# or both (the handshake pipe arrives as its stdin and is moved to 3, the real
+# stdin set up) and then *replaces itself* with the program: the pid, process
+# group, argv (argv[0] included) and environment are the program's own (dash
+# exports PWD: the script puts it back as it was).  dash handles single-digit
 # descriptors only, so a stdin other than /dev/null, which arrives at a
 # number above 9, is moved by bash.
-_HANDSHAKE_SHIM_NULL: Final = 'exec 3>&0 0</dev/null && exec "$@"'
-_HANDSHAKE_SHIM_FD: Final = 'exec 3>&0 0<&{fd} {fd}<&- && exec "$@"'
+_HANDSHAKE_NULL: Final = "exec 3>&0 0</dev/null"
+_HANDSHAKE_FD: Final = "exec 3>&0 0<&{fd} {fd}<&-"
 _SHIM_NAME: Final = "corral-handshake"
+_CONTAIN_NAME: Final = "corral-contain"
 
 
 class StatusLost(ChildProcessError):
@@ -83,18 +87,58 @@ class StatusLost(ChildProcessError):
 
 
 def _resolve(program: str, env: Mapping[bytes, bytes], cwd: str | None) -> None:
-    """Raise as :mod:`subprocess` would if ``program`` cannot be executed."""
+    """Raise as :mod:`subprocess` would if ``program`` cannot be executed.
+
+    For a child started through the shell step, whose own ``exec`` failing
+    would only be an exit code: no such file, not executable, and the common
+    causes of ``ENOEXEC`` (neither a binary nor a ``#!`` script) and of
+    ``ENOENT`` on an existing script (its interpreter missing).
+    """
     if os.sep in program:
         path = program if cwd is None else os.path.join(cwd, program)
         if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
         if not os.access(path, os.X_OK) or os.path.isdir(path):
             raise PermissionError(errno.EACCES, "Permission denied", program)
-        return
-    search = env.get(b"PATH")
-    found = shutil.which(program, path=os.fsdecode(search) if search is not None else os.defpath)
-    if found is None:
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+    else:
+        search = env.get(b"PATH")
+        where = os.fsdecode(search) if search is not None else os.defpath
+        found = shutil.which(program, path=where)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+        path = found
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return  # executable but not readable: only exec can tell
+    if head.startswith(b"#!"):
+        interpreter = head[2:].split(b"\n", 1)[0].split()
+        if interpreter and not os.path.exists(interpreter[0]):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+    elif not _runnable_elf(head):
+        raise OSError(errno.ENOEXEC, "Exec format error", program)
+
+
+_native_elf: bytes | None = None
+
+
+def _elf_kind(head: bytes) -> bytes:
+    """What the kernel checks first of an ELF header: class, byte order, version, machine."""
+    # e_type: 2 an executable, 3 a shared object (a PIE); in the file's byte order.
+    kind = int.from_bytes(head[16:18], "little" if head[5:6] == b"\x01" else "big")
+    return head[4:7] + (head[18:20] if kind in (2, 3) else b"?")
+
+
+def _runnable_elf(head: bytes) -> bool:
+    """Whether ``head`` starts an ELF executable for this machine (as this Python is)."""
+    global _native_elf
+    if not head.startswith(b"\x7fELF") or len(head) < 20:
+        return False
+    if _native_elf is None:
+        with open("/proc/self/exe", "rb") as f:
+            _native_elf = _elf_kind(f.read(20))
+    return _elf_kind(head) == _native_elf
 
 
 def spawn(
@@ -112,6 +156,7 @@ def spawn(
     group: str | int | None = None,
     extra_groups: Collection[str | int] | None = None,
     umask: int = -1,
+    cgroup: str | None = None,
 ) -> int:
     """Start ``argv`` as the leader of a new process group and return its pid.
 
@@ -122,6 +167,12 @@ def spawn(
     reports as exceptions (no such program, no such directory, not
     executable) are raised here, with nothing left running.
 
+    ``cgroup``, the ``cgroup.procs`` of a cgroup, puts the child there
+    before its program runs: it moves itself (see :mod:`corral._sys._cgroup`),
+    or, if it starts as another ``user``, ``group`` or ``extra_groups`` (it
+    could not), the launcher moves it right after the spawn, which leaves a
+    window: what it forks before that stays outside.
+
     This call blocks for the few hundred microseconds a ``vfork``-style
     spawn takes; CPython holds the GIL through it, so a worker thread would
     stall the event loop just as long.  The runner calls it on the loop
@@ -131,12 +182,16 @@ def spawn(
         raise ValueError("argv must name a program")
     args = list(argv)
     passed = set(pass_fds)
-    if handshake is not None:
-        if _childenv.HANDSHAKE_FD in passed:
-            raise ValueError(
-                f"pass_fds may not contain {_childenv.HANDSHAKE_FD} with wait_started=True: "
-                "the child receives the start-up handshake pipe there"
-            )
+    steps: list[str] = []
+    as_other = user is not None or group is not None or extra_groups is not None
+    if cgroup is not None and not as_other:
+        steps.append(_cgroup.self_move(cgroup))
+    if handshake is not None and _childenv.HANDSHAKE_FD in passed:
+        raise ValueError(
+            f"pass_fds may not contain {_childenv.HANDSHAKE_FD} with wait_started=True: "
+            "the child receives the start-up handshake pipe there"
+        )
+    if steps or handshake is not None:
         program = os.fsdecode(args[0])
         cwd_text = os.fsdecode(cwd) if cwd is not None else None
         if cwd_text is not None and not os.path.isdir(cwd_text):
@@ -144,8 +199,14 @@ def spawn(
                 raise NotADirectoryError(errno.ENOTDIR, "Not a directory", cwd_text)
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", cwd_text)
         _resolve(program, env, cwd_text)
-        if stdin == subprocess.DEVNULL:
-            args = ["/bin/sh", "-c", _HANDSHAKE_SHIM_NULL, _SHIM_NAME, *args]
+        name = _CONTAIN_NAME if handshake is None else _SHIM_NAME
+        if handshake is None or stdin == subprocess.DEVNULL:
+            if handshake is not None:
+                steps.append(_HANDSHAKE_NULL)
+            pwd = env.get(b"PWD")
+            steps.append("unset PWD" if pwd is None else f"PWD={shlex.quote(os.fsdecode(pwd))}")
+            steps.append('exec "$@"')
+            args = ["/bin/sh", "-c", " && ".join(steps), name, *args]
         else:
             if not os.path.exists("/bin/bash"):  # pragma: no cover - bash is everywhere here
                 raise OSError(
@@ -153,9 +214,10 @@ def spawn(
                     "wait_started=True with a stdin other than DEVNULL needs /bin/bash",
                 )
             passed.add(stdin)
-            script = _HANDSHAKE_SHIM_FD.format(fd=stdin)
-            args = ["/bin/bash", "-p", "-c", script, _SHIM_NAME, *args]
-        stdin = handshake
+            steps += [_HANDSHAKE_FD.format(fd=stdin), 'exec "$@"']
+            args = ["/bin/bash", "-p", "-c", " && ".join(steps), name, *args]
+        if handshake is not None:
+            stdin = handshake
     popen = subprocess.Popen(
         args,
         stdin=stdin,
@@ -178,6 +240,17 @@ def spawn(
     # waitpid on the child (its __del__ would, via subprocess._cleanup).
     popen.returncode = 0
     pid: int = popen.pid
+    if cgroup is not None and as_other:
+        try:
+            _cgroup.move(cgroup, pid)
+        except OSError:
+            signal_group(pid, signal.SIGKILL)
+            try:
+                wait_blocking(pid)
+            except StatusLost:
+                pass
+            reap(pid)
+            raise
     return pid
 
 
