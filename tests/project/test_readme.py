@@ -47,6 +47,41 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     )
 
 
+#: What .ci/run may install with pip besides the README's test command, each with its reason.
+CI_PIP_INSTALLS = {
+    # the type check without torch (see test_ci_type_checks_without_torch)
+    "\"$notorch/bin/pip\" install -q -e '.[trio]' mypy pytest",
+    # examples/launch_torch.py's gloo all-reduce (a skip without it, an error in CI)
+    "pip install torch==2.13.0",
+}
+
+
+def ci_commands() -> list[str]:
+    return [
+        line.strip()
+        for line in CI_RUN.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def test_ci_is_the_system_packages_and_the_readme_command() -> None:
+    """Nothing else is installed on the way, so that CI cannot hide a missing install step."""
+    *before, last = ci_commands()
+    installs = {line for line in before if re.search(r"\bpip3?\"? +install\b", line)}
+    assert installs == CI_PIP_INSTALLS
+    assert last == marked_command("test-command")
+
+
+def test_ci_type_checks_without_torch() -> None:
+    """The README's checks hold on a machine without torch: mypy sees it as optional."""
+    commands = ci_commands()
+    torch = commands.index("pip install torch==2.13.0")
+    step = commands[:torch]
+    assert 'python -m venv "$notorch"' in step
+    assert any('find_spec("torch") is not None' in line for line in step)
+    assert '"$notorch/bin/mypy" --strict src' in step
+
+
 def test_ci_script_is_strict_bash() -> None:
     text = CI_RUN.read_text()
     assert text.startswith("#!/usr/bin/env bash\n")
