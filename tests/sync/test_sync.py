@@ -547,14 +547,3 @@ def test_built_on_the_public_api_only(module: str) -> None:
             ]
     assert not reaches, reaches
     assert imported <= set(corral.__all__)
-
-
-def test_runner_keywords_stay_in_step_with_open_runner() -> None:
-    """``corral.launch`` sends every keyword of ``open_runner`` to the runner."""
-    import inspect
-
-    from corral._sync import _runner
-
-    assert _runner._runner_keywords() == frozenset(inspect.signature(corral.open_runner).parameters)
-    launch_keywords = set(inspect.signature(corral.Runner.launch).parameters)
-    assert _runner._runner_keywords() & launch_keywords == {"grace"}

@@ -52,7 +52,7 @@ from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
 from ._children import MAX_NAME, Children, check_name
 from ._lifeline import Lifeline
-from ._options import ProcessOptions, StartOptions, StrOrPath
+from ._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions, StrOrPath
 from ._process import Process
 from ._run import drain, feed
 from ._scope import Scope
@@ -75,27 +75,21 @@ class Runner:
     else.  Use :attr:`token` to reach it from another thread.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "corral",
-        grace: float = 5.0,
-        stop_signal: int = signal.SIGTERM,
-        console: bool = True,
-        handlers: Sequence[logging.Handler | Route] = (),
-        log_dir: StrOrPath | None = None,
-        propagate: bool = False,
-        handle_signals: bool | None = None,
-        monitor: str | bool | None = None,
-    ) -> None:
+    @with_keywords(RunnerSpec)
+    def __init__(self, **options: Unpack[RunnerOptions]) -> None:
+        spec = RunnerSpec.of(options, "Runner")
+        name = spec.name
         check_name(name, "runner")
         if "." in name:
             raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
         self._name = name
-        self._grace = check_grace(grace)
-        self._stop_signal = check_signal(stop_signal)
+        self._grace = check_grace(spec.grace)
+        self._stop_signal = check_signal(spec.stop_signal)
+        handle_signals = spec.handle_signals
         if handle_signals not in (None, True, False):
             raise TypeError("handle_signals must be None, True or False")
+        handlers = spec.handlers
+        monitor = spec.monitor
         if isinstance(handlers, (logging.Handler, Route)):
             handlers = [handlers]
         routes = []
@@ -113,9 +107,9 @@ class Runner:
         self._hub = LogHub(
             name,
             routes=routes,
-            console=bool(console),
-            log_dir=os.fspath(log_dir) if log_dir is not None else None,
-            propagate=bool(propagate),
+            console=bool(spec.console),
+            log_dir=os.fspath(spec.log_dir) if spec.log_dir is not None else None,
+            propagate=bool(spec.propagate),
         )
         self._lifeline = Lifeline(on_error=self._lifeline_error)
         self._entered = False
@@ -514,18 +508,8 @@ class Runner:
         self._children.check_open()
 
 
-def open_runner(
-    *,
-    name: str = "corral",
-    grace: float = 5.0,
-    stop_signal: int = signal.SIGTERM,
-    console: bool = True,
-    handlers: Sequence[logging.Handler | Route] = (),
-    log_dir: StrOrPath | None = None,
-    propagate: bool = False,
-    handle_signals: bool | None = None,
-    monitor: str | bool | None = None,
-) -> Runner:
+@with_keywords(RunnerSpec)
+def open_runner(**options: Unpack[RunnerOptions]) -> Runner:
     """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
 
     Args:
@@ -575,14 +559,5 @@ def open_runner(
     it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
     and later, not forbidden by a seccomp filter).
     """
-    return Runner(
-        name=name,
-        grace=grace,
-        stop_signal=stop_signal,
-        console=console,
-        handlers=handlers,
-        log_dir=log_dir,
-        propagate=propagate,
-        handle_signals=handle_signals,
-        monitor=monitor,
-    )
+    RunnerSpec.of(options, "open_runner")
+    return Runner(**options)
