@@ -42,8 +42,8 @@ PROGRAM = textwrap.dedent(
 
     async def main() -> None:
         async with corral.open_runner(name="app", grace=1.0, console=False) as r:
-            p = await r.start(["sleep", "1"], check=True, wait_started=False)
-            await r.start(["sleep", "1"], chec=True)  # wrong
+            p = await r.start(["sleep", "1"], service=True, wait_started=False)
+            await r.start(["sleep", "1"], servise=True)  # wrong
             res = await r.run(["true"], stdout=corral.PIPE, check=False)
             await r.run(["true"], chek=False)  # wrong
             print(res.stdout.decode())  # wrong: None without stdout=PIPE
@@ -63,8 +63,8 @@ PROGRAM = textwrap.dedent(
 
 
     with corral.open_runner_sync(backend="trio", name="s", console=False) as s:
-        sp = s.start(["true"], check=True)
-        s.start(["true"], chec=True)  # wrong
+        sp = s.start(["true"], service=True)
+        s.start(["true"], servise=True)  # wrong
         s.run(["true"], check=False)
         s.run(["true"], chek=False)  # wrong
         s.launch(square, 2, workers_per_host=1)

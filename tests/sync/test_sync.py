@@ -547,3 +547,10 @@ def test_built_on_the_public_api_only(module: str) -> None:
             ]
     assert not reaches, reaches
     assert imported <= set(corral.__all__)
+
+
+def test_a_service_does_not_hold_the_block_open(tag: str) -> None:
+    with corral.open_runner_sync(console=False) as r:
+        service = r.start(["sleep", "1000"], service=True, extra_env={TAG_VAR: tag})
+    assert service.returncode == -15
+    assert tagged_pids(tag) == []

@@ -134,6 +134,7 @@ class StartOptions(TypedDict, total=False):
     extra_env: Mapping[str, str | None] | None
     cwd: StrOrPath | None
     check: bool
+    service: bool
     grace: float | None
     stop_signal: int | None
     stdin: Input
@@ -165,6 +166,7 @@ class ProcessOptions:
     extra_env: Mapping[str, str | None] | None = None
     cwd: StrOrPath | None = None
     check: bool = True
+    service: bool = False
     grace: float | None = None
     stop_signal: int | None = None
     stdin: Input = DEVNULL

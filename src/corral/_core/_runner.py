@@ -192,6 +192,8 @@ class Runner:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        if exc_type is None:
+            self._children.end_services()
         return await self._scope.exit(exc_type, exc, tb)
 
     def cancel(self) -> None:
@@ -234,6 +236,12 @@ class Runner:
             check: whether a non-zero exit (or death by a signal nobody asked
                 for) is a failure that stops the runner and raises
                 :class:`ProcessFailed` out of its ``async with``.
+            service: a child that runs as long as the block, such as a server:
+                when the block's code ends normally, the runner waits for
+                its other children as usual, then stops this one (stop
+                signal, grace, SIGKILL) instead of waiting for it; that exit
+                is not a failure.  By default (``False``) the end of the
+                block waits for the child, as a nursery waits for its tasks.
             grace: seconds between the stop signal and SIGKILL when this child
                 is stopped; defaults to the runner's.
             stop_signal: the signal that asks this child to stop; defaults to
@@ -307,11 +315,14 @@ class Runner:
         an error); ``stdout=PIPE`` / ``stderr=PIPE`` (or ``LOG | PIPE``)
         collect the exact bytes into the result's ``stdout`` / ``stderr``;
         and with ``check=True`` (the default) a non-zero exit raises
-        :class:`ProcessFailed` here, directly, not out of the runner.  If the
+        :class:`ProcessFailed` here, directly, not out of the runner;
+        ``service=True`` is refused, since ``run()`` waits for its child.  If the
         calling task is cancelled, the child is stopped (stop signal, grace,
         SIGKILL) before the cancellation propagates.
         """
         opts = ProcessOptions.of(options, "Runner.run")
+        if opts.service:
+            raise ValueError("service=True is for start(): run() waits for its child itself")
         stdin = opts.stdin
         if input is not None:
             if not isinstance(input, (bytes, bytearray, memoryview)):
