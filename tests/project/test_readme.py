@@ -131,3 +131,12 @@ def test_readme_program_runs(code: str, tmp_path: Path, tag: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "build exited with 0" in result.stdout
+
+
+def test_contributing_says_how_to_run_suites_side_by_side() -> None:
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    assert "CONTRIBUTING.md" in README.read_text()
+    assert "CORRAL_TEST_SLOT=1 python -m pytest" in text
+    assert 'os.environ.get("CORRAL_TEST_SLOT"' in (ROOT / "tests/helpers/hosts.py").read_text()
+    for habit in ("python -m pytest -q tests/core", "bench/README.md", "sphinx-build"):
+        assert habit in text
