@@ -176,6 +176,10 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
 #: Examples that need an optional package (a skip, which is an error in CI).
 NEEDS = {"launch_torch.py": "torch"}
 
+#: Examples that need Trio (corral's ``trio`` extra, which the README's set-up installs):
+#: without it, each says so, naming the extra.
+NEEDS_TRIO = {"trio_app.py", "from_thread.py"}
+
 #: Examples that log a traceback on purpose (it reaches the console, on
 #: stderr): how many.  Any other traceback on stderr is a crash.
 TRACEBACKS = {"logs.py": 1}
@@ -233,6 +237,37 @@ def test_example(path: Path, tag: str) -> None:
     assert tracebacks == TRACEBACKS.get(path.name, 0), describe(result)
     for stream, patterns in EXPECTED.get(path.name, {}).items():
         assert_lines_in_order(getattr(result, stream), patterns, f"{path.name}'s {stream}")
+
+
+def test_the_readme_set_up_installs_what_the_examples_need() -> None:
+    from tests.project.test_readme import marked_command
+
+    assert marked_command("run-command").startswith("pip install -e '.[trio]' && ")
+
+
+def test_the_examples_that_need_trio_are_listed() -> None:
+    uses = {
+        p.name
+        for p in EXAMPLES
+        if re.search(r"^\s*import trio\b|backend=\"trio\"\)", p.read_text(), re.MULTILINE)
+    }
+    assert uses == NEEDS_TRIO
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_TRIO))
+def test_an_example_that_needs_trio_says_so_without_it(name: str) -> None:
+    path = ROOT / "examples" / name
+    hide = (
+        "import runpy, sys\n"
+        "sys.modules['trio'] = None  # as if it were not installed\n"
+        f"sys.argv = [{str(path)!r}]\n"
+        f"runpy.run_path({str(path)!r}, run_name='__main__')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", hide], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert result.returncode == 1, describe(result)
+    assert "corral[trio]" in result.stderr and "Traceback" not in result.stderr, describe(result)
 
 
 def test_trio_and_asyncio_apps_do_the_same_job(tag: str) -> None:
