@@ -17,14 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 
+# A directive at any indentation (in a list item too); its options and body one level deeper.
 _DIRECTIVE = re.compile(
-    r"^\.\. code-block:: *(?P<language>\S+)\n"
-    r"(?P<options>(?:   :[\w-]+:.*\n)*)"
+    r"^(?P<indent> *)\.\. code-block:: *(?P<language>\S+)\n"
+    r"(?P<options>(?:(?P=indent)   :[\w-]+:.*\n)*)"
     r"\n"
-    r"(?P<body>(?:(?:   .*)?\n)+)",
+    r"(?P<body>(?:(?:(?P=indent)   .*)?\n)+)",
     re.MULTILINE,
 )
-_OPTION = re.compile(r"^   :([\w-]+):(.*)$", re.MULTILINE)
+_OPTION = re.compile(r"^ *:([\w-]+):(.*)$", re.MULTILINE)
+_FENCE = re.compile(r"^```(?P<language>\w*)\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
+#: A literal block: a paragraph ending in ``::``, then an indented body.
+_LITERAL = re.compile(r"(?:^|[^:\n]):: *\n\n(?P<body>(?:(?: {3,}.*)?\n)+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,18 @@ class Block:
     options: dict[str, str] = field(default_factory=dict)
 
     @property
+    def caption(self) -> str:
+        return self.options.get("caption", "")
+
+    @property
     def name(self) -> str:
         return self.options.get("name", "")
+
+
+def pages() -> list[Path]:
+    found = sorted(DOCS.rglob("*.rst"))
+    assert found, f"no pages under {DOCS}"
+    return [p for p in found if "_build" not in p.parts]
 
 
 def page_blocks(page: Path) -> list[Block]:
@@ -50,6 +64,27 @@ def page_blocks(page: Path) -> list[Block]:
         where = f"{page.relative_to(ROOT)}:{line}"
         result.append(Block(where, m.group("language"), code, options))
     return result
+
+
+def literal_blocks(page: Path) -> list[Block]:
+    """The ``::`` literal blocks of one page (no language: text, or a mistake)."""
+    text = page.read_text()
+    return [
+        Block(
+            f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}",
+            "",
+            textwrap.dedent(m.group("body")).strip("\n") + "\n",
+        )
+        for m in _LITERAL.finditer(text)
+    ]
+
+
+def readme_blocks() -> list[Block]:
+    text = README.read_text()
+    return [
+        Block(f"README.md:{text.count(chr(10), 0, m.start()) + 1}", m["language"], m["body"])
+        for m in _FENCE.finditer(text)
+    ]
 
 
 def named(page: str, name: str) -> str:
