@@ -7,11 +7,14 @@ run the call on the runner's loop and block the thread until it returns.
 Calling the runner directly from the thread raises ``WrongLoopError`` at once,
 instead of hanging or corrupting anything.
 
-Run it with ``python examples/from_thread.py`` (it uses the Trio backend;
-``backend="asyncio"`` works the same).
+Run it with ``python examples/from_thread.py``.  It uses the Trio backend,
+corral's ``trio`` extra (``pip install -e '.[trio]'`` in a checkout, which
+the README's set-up does; without it the example says so);
+``backend="asyncio"`` works the same.
 """
 
 import functools
+import importlib.util
 import sys
 
 import anyio
@@ -50,4 +53,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    if importlib.util.find_spec("trio") is None:
+        sys.exit("this example runs on Trio: install corral[trio] (pip install -e '.[trio]')")
     anyio.run(main, backend="trio")

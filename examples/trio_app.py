@@ -10,6 +10,8 @@ needs no adapter, its runner is used like a nursery.
 5. show how a failing child surfaces: as ``ProcessFailed`` out of the runner,
    after its siblings were stopped.
 
+It needs Trio, corral's ``trio`` extra (``pip install -e '.[trio]'`` in a
+checkout, which the README's set-up does; without it the example says so).
 Run it with ``python examples/trio_app.py``.  Lines printed by the children
 appear on stderr with a ``HH:MM:SS source |`` prefix; the program's own
 report goes to stdout.
@@ -17,7 +19,10 @@ report goes to stdout.
 
 import sys
 
-import trio
+try:
+    import trio
+except ModuleNotFoundError:
+    sys.exit("this example runs on Trio: install corral[trio] (pip install -e '.[trio]')")
 
 import corral
 

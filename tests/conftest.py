@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 from tests.helpers import reaper as _reaper
-from tests.helpers.processes import tagged_pids
+from tests.helpers.processes import still_running, tagged_pids
 
 #: The signals the tests send and expect to act: a session started with one of them ignored
 #: (``nohup``, ``&`` in a script) takes them back at once.
@@ -107,7 +107,8 @@ def tag() -> Iterator[str]:
     """A unique tag; pass ``env={TAG_VAR: tag}`` to children and check none outlives the test."""
     value = uuid.uuid4().hex
     yield value
-    leftovers = tagged_pids(value)
+    # A process killed a moment ago is still listed until the kernel ran its exit.
+    leftovers = still_running(tagged_pids(value))
     for pid in leftovers:
         try:
             os.kill(pid, 9)

@@ -48,6 +48,8 @@ __all__ = [
     "ResourceLimitError",
     "Route",
     "Runner",
+    "RunnerLaunchOptions",
+    "RunnerOptions",
     "Signalled",
     "StartOptions",
     "StartupFailed",
@@ -87,6 +89,8 @@ _HOMES = {
     "ResourceLimitError": "_errors",
     "Route": "_logs._router",
     "Runner": "_core._runner",
+    "RunnerLaunchOptions": "_core._options",
+    "RunnerOptions": "_core._options",
     "Signalled": "_errors",
     "StartOptions": "_core._options",
     "StartupFailed": "_errors",
@@ -134,12 +138,18 @@ def _claim_loaded() -> None:
         value.__module__ = "corral"
 
 
+#: The public submodules, shown by ``dir(corral)`` once imported.
+_SUBMODULES = ("child", "testing")
+
+
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names only: not the modules this one uses (``sys``, ``typing``...)."""
+    loaded = [name for name in _SUBMODULES if name in globals()]
+    return sorted({*__all__, "__version__", *loaded})
 
 
 if TYPE_CHECKING:
-    from ._core._options import StartOptions
+    from ._core._options import RunnerLaunchOptions, RunnerOptions, StartOptions
     from ._core._process import Process
     from ._core._runner import Runner, open_runner
     from ._core._stdio import DEVNULL, LOG, PIPE, STDOUT

@@ -13,13 +13,14 @@ __all__ = ["CompletedProcess", "LaunchResult"]
 T = TypeVar("T")
 
 
-class CompletedProcess(subprocess.CompletedProcess[bytes]):
+class CompletedProcess(subprocess.CompletedProcess[bytes | None]):
     """What :meth:`Runner.run` returns: :class:`subprocess.CompletedProcess`, and a little more.
 
     ``args``, ``returncode``, ``stdout`` and ``stderr`` mean what they mean
     in :mod:`subprocess`: ``stdout`` and ``stderr`` hold the exact bytes when
     the stream was collected (``PIPE`` or ``LOG | PIPE``), and are ``None``
-    otherwise.  :meth:`check_returncode` raises :class:`ProcessFailed`.
+    otherwise (so they are typed ``bytes | None``).  :meth:`check_returncode`
+    raises :class:`ProcessFailed`.
     """
 
     def __init__(

@@ -4,8 +4,9 @@ Installed with corral and loaded by pytest through its ``pytest11`` entry
 point, it only adds fixtures; a suite that uses none of them behaves as
 before.  See :doc:`/howto/testing`.
 
-* :func:`corral_runner` — an open :class:`~corral.Runner` for an AnyIO test
-  (on every backend the test runs on); its children's output is captured
+* :func:`corral_runner` — an open :class:`~corral.Runner` for an async test,
+  run by AnyIO's plugin (on every backend the test runs on) or by
+  pytest-trio (its marker or ``trio_mode``); its children's output is captured
   per test (:func:`corral_log`) and shown in the report of a failing test,
   in a ``Captured corral`` section, as pytest shows captured stdout.
 * :func:`corral_no_leaks` — fails a test that leaves behind a child process
@@ -233,9 +234,14 @@ def corral_runner_options() -> dict[str, Any]:
 
 @pytest.fixture
 async def corral_runner(
-    anyio_backend: object, corral_log: CorralLog, corral_runner_options: dict[str, Any]
+    corral_log: CorralLog, corral_runner_options: dict[str, Any]
 ) -> AsyncIterator[Runner]:
-    """An open :class:`~corral.Runner` for an AnyIO test (``@pytest.mark.anyio``).
+    """An open :class:`~corral.Runner` for an async test, on the loop the test runs on.
+
+    For a test of AnyIO's plugin (``@pytest.mark.anyio``, on every backend
+    the test runs on) or of pytest-trio (``@pytest.mark.trio``, or
+    ``trio_mode``): the fixture asks for no plugin's fixture of its own, so
+    the test's plugin runs it, inside the test's own event loop.
 
     Its children's output goes to :func:`corral_log` (and so to the report
     of a failing test) instead of the console.  At the end of the test the

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers import docs
 from tests.helpers.processes import TAG_VAR, is_alive, tagged_pids, wait_gone
 
 PY = sys.executable
@@ -565,3 +566,57 @@ def test_uvicorn_force_quit_while_requests_start_children(
     finally:
         for connection in connections:
             connection.close()
+
+
+# -- the servers of the embedding how-to ------------------------------------------------
+
+#: The ``:name:`` of each server program in docs/howto/embedding.rst.
+DOC_SERVERS = ["server-uvicorn", "server-hypercorn-quart"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("name", DOC_SERVERS)
+def test_the_how_to_s_servers_stop_their_services(
+    tmp_path: Path, tag: str, name: str, sig: int
+) -> None:
+    """Run as the page says (``python app.py``), one signal stops the server and its helper.
+
+    The helper (``service=True``) would keep the lifespan's block, and so the
+    server, waiting for ever without it.
+    """
+    (tmp_path / "app.py").write_text(docs.named("howto/embedding.rst", name))
+    errfile = tmp_path / "server.err"
+    with open(errfile, "wb") as err:
+        proc = subprocess.Popen(
+            [PY, "app.py"],
+            cwd=tmp_path,
+            env={**os.environ, TAG_VAR: tag, "PORT": "0"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+        )
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], START_BOUND)
+        line = proc.stdout.readline().decode() if ready else "(nothing)"
+        assert line == "serving with ['files']\n", f"{line!r}\n{errfile.read_text()}"
+        helpers = [pid for pid in tagged_pids(tag) if pid != proc.pid]
+        assert helpers, "the helper is not running"
+        os.killpg(proc.pid, sig)  # what a terminal's Ctrl-C or a service manager does
+        try:
+            returncode = proc.wait(EXIT_BOUND)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"one {signal.Signals(sig).name} did not stop the server within "
+                f"{EXIT_BOUND} s\n{errfile.read_text()}"
+            )
+        assert returncode in ALLOWED_EXITS[sig], f"{returncode}\n{errfile.read_text()}"
+        assert proc.stdout.read().decode() == "every child has stopped\n"
+        assert wait_gone(helpers + tagged_pids(tag), 10.0) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()

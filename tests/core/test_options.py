@@ -1,4 +1,9 @@
-"""The options of a start and of a launch are spelled once, and every signature shows them."""
+"""The options of a runner, a start and a launch are spelled once, and every signature shows them.
+
+Each blocking twin takes exactly the keywords of its async twin, but for the
+deliberate differences of :data:`TWINS`, each with its reason: a keyword added
+to one entry point and not to its twin fails here.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,13 @@ import typing
 import pytest
 
 import corral
-from corral._core._options import ProcessOptions, StartOptions
+from corral._core._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions
 from corral._launch._options import LaunchOptions, LaunchSpec
 
 
 @pytest.mark.parametrize(
     ("keywords", "spec"),
-    [(StartOptions, ProcessOptions), (LaunchOptions, LaunchSpec)],
+    [(StartOptions, ProcessOptions), (LaunchOptions, LaunchSpec), (RunnerOptions, RunnerSpec)],
 )
 def test_the_typed_keywords_are_the_fields_with_their_types(
     keywords: type[object], spec: type[object]
@@ -38,7 +43,16 @@ def _fields(spec: type[object]) -> list[tuple[str, object]]:
     return [(f.name, f.default) for f in dataclasses.fields(spec)]  # type: ignore[arg-type]
 
 
+def test_launch_now_takes_the_runner_s_keywords_and_the_launch_s() -> None:
+    hints = typing.get_type_hints(corral.RunnerLaunchOptions)
+    assert hints == {**typing.get_type_hints(LaunchOptions), **typing.get_type_hints(RunnerOptions)}
+    assert hints["grace"] is float  # the runner's, which the launch inherits
+    assert corral.RunnerLaunchOptions.__total__ is False  # type: ignore[attr-defined]
+
+
 def test_the_signatures_show_every_keyword_with_its_default() -> None:
+    assert _keywords(corral.open_runner) == _fields(RunnerSpec)
+    assert _keywords(corral.Runner) == _fields(RunnerSpec)
     assert _keywords(corral.Runner.start) == _fields(ProcessOptions)
     assert _keywords(corral.Runner.run) == [("input", None), *_fields(ProcessOptions)]
     assert _keywords(corral.Runner.launch) == _fields(LaunchSpec)
@@ -69,3 +83,128 @@ async def test_an_unknown_keyword_is_refused_as_python_refuses_it() -> None:
             word = "text" if "launch" not in what else "nodes"
             assert str(caught.value) == f"{what}() got an unexpected keyword argument {word!r}"
         assert r.processes == ()
+
+
+#: Each async entry point, its blocking twin, and the keywords only the twin has, with why.
+TWINS: list[tuple[object, object, dict[str, str]]] = [
+    (
+        corral.open_runner,
+        corral.open_runner_sync,
+        {"backend": "the helper thread's event loop; an async runner runs on its caller's"},
+    ),
+    (corral.Runner, corral.open_runner_sync, {"backend": "the same"}),
+    (corral.Runner.start, corral.SyncRunner.start, {}),
+    (corral.Runner.run, corral.SyncRunner.run, {}),
+    (corral.Runner.launch, corral.SyncRunner.launch, {}),
+    (corral.Runner.launch_command, corral.SyncRunner.launch_command, {}),
+    (corral.Process.stop, corral.SyncProcess.stop, {}),
+    (corral.Process.logs, corral.SyncProcess.logs, {}),
+    (
+        corral.Process.wait,
+        corral.SyncProcess.wait,
+        {"timeout": "as subprocess.Popen.wait; async code bounds a wait with a cancel scope"},
+    ),
+]
+
+
+def _type(fn: object, annotation: object) -> object:
+    """A parameter's type, evaluated as :func:`typing.get_type_hints` would."""
+    if not isinstance(annotation, str):
+        return annotation
+    return eval(annotation, fn.__globals__)  # type: ignore[attr-defined]
+
+
+def _parameters(fn: object) -> dict[str, tuple[object, object]]:
+    """The keywords ``fn``'s signature shows: name -> (default, type)."""
+    return {
+        p.name: (p.default, _type(fn, p.annotation))
+        for p in inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        and p.name != "self"
+    }
+
+
+def _typed_keywords(fn: object) -> dict[str, object]:
+    """The keywords a type checker sees ``fn`` take: its own, and its ``**options``' TypedDict's."""
+    if isinstance(fn, type):
+        fn = fn.__init__  # type: ignore[misc]
+    code = fn.__code__  # type: ignore[attr-defined]
+    annotations = fn.__annotations__  # type: ignore[attr-defined]
+    named = code.co_argcount + code.co_kwonlyargcount
+    result = {
+        name: _type(fn, annotations.get(name))
+        for name in code.co_varnames[code.co_posonlyargcount : named]
+        if name != "self"
+    }
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        options = code.co_varnames[named + bool(code.co_flags & inspect.CO_VARARGS)]
+        unpack = _type(fn, annotations.get(options))
+        assert typing.get_origin(unpack) is typing.Unpack, (
+            f"{fn.__qualname__}(**{options}): not an Unpack of a TypedDict, so typos pass"  # type: ignore[attr-defined]
+        )
+        (keywords,) = typing.get_args(unpack)
+        result.update(typing.get_type_hints(keywords))
+    return result
+
+
+ENTRY_POINTS = sorted(
+    {fn for pair in TWINS for fn in pair[:2]} | {corral.launch},  # type: ignore[arg-type]
+    key=lambda fn: fn.__qualname__,
+)
+
+
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=[fn.__qualname__ for fn in ENTRY_POINTS])
+def test_the_signature_shows_what_a_type_checker_sees(fn: object) -> None:
+    shown = {name: hint for name, (_, hint) in _parameters(fn).items()}
+    assert shown == _typed_keywords(fn)
+
+
+@pytest.mark.parametrize(
+    ("async_fn", "sync_fn", "only_sync"),
+    TWINS,
+    ids=[t[1].__qualname__ for t in TWINS],  # type: ignore[attr-defined]
+)
+def test_each_blocking_twin_takes_its_async_twin_s_keywords(
+    async_fn: object, sync_fn: object, only_sync: dict[str, str]
+) -> None:
+    theirs = _typed_keywords(sync_fn)
+    for name in only_sync:
+        assert theirs.pop(name, None) is not None, f"{name} is no longer a difference"
+    assert theirs == _typed_keywords(async_fn)
+    assert all(only_sync.values()), "every difference has its reason"
+    shown = _parameters(sync_fn)
+    for name in only_sync:
+        shown.pop(name)
+    assert shown == _parameters(async_fn), "and with the same defaults"
+
+
+def test_launch_takes_the_runner_s_keywords_and_the_launch_s() -> None:
+    """``corral.launch`` is ``open_runner_sync`` and ``launch`` in one call, ``grace`` once."""
+    only_here = {
+        "backend": "the event loop, as open_runner_sync's (torchrunx's process-group "
+        "backends refused with what to do instead)",
+        "hostnames": "torchrunx's spelling of hosts, with torchrunx's meanings",
+    }
+    for keywords in (_typed_keywords, _parameters):
+        theirs: dict[str, object] = keywords(corral.launch)  # type: ignore[assignment]
+        for name in only_here:
+            theirs.pop(name)
+        assert theirs == {**keywords(corral.Runner.launch), **keywords(corral.open_runner)}
+
+
+@pytest.mark.parametrize(
+    ("call", "what"),
+    [
+        (lambda: corral.open_runner(grase=1.0), "open_runner"),
+        (lambda: corral.Runner(grase=1.0), "Runner"),
+        (lambda: corral.open_runner_sync(grase=1.0), "open_runner_sync"),
+        (lambda: corral.launch(print, grase=1.0), "launch"),
+    ],
+    ids=["open_runner", "Runner", "open_runner_sync", "launch"],
+)
+def test_an_unknown_runner_keyword_is_refused_before_anything_starts(
+    call: typing.Callable[[], object], what: str
+) -> None:
+    with pytest.raises(TypeError) as caught:
+        call()
+    assert str(caught.value) == f"{what}() got an unexpected keyword argument 'grase'"

@@ -79,3 +79,10 @@ async def test_process_is_an_anyio_process() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert p.args == ["sleep", "1000"]  # args itself never warns
+
+
+def test_dir_shows_the_public_names_only() -> None:
+    names = [n for n in dir(corral) if not n.startswith("__")]
+    assert set(names) - {"child", "testing"} == set(corral.__all__)
+    for module in ("sys", "typing", "importlib", "annotations", "TYPE_CHECKING", "Any"):
+        assert module not in dir(corral)

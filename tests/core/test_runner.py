@@ -411,3 +411,35 @@ async def test_a_burst_of_starts_lets_the_loop_run_between_spawns() -> None:
         r.cancel()
     # The watcher saw the children come one (or two) at a time, not all at once.
     assert len(counts) >= 10, counts
+
+
+# -- services -------------------------------------------------------------------------
+
+
+async def test_a_service_is_stopped_once_the_block_and_the_other_children_end(tag: str) -> None:
+    """``service=True``: not waited for, but stopped once nothing else runs."""
+    env = {TAG_VAR: tag}
+    exits: list[str] = []
+    async with corral.open_runner(console=False, grace=5.0) as r:
+        r.add_observer(lambda p, state: exits.append(p.name) if state == "exited" else None)
+        service = await r.start(["sleep", "1000"], name="service", service=True, extra_env=env)
+        job = await r.start(["sleep", "0.3"], name="job", extra_env=env)  # outlives the body
+    assert exits == ["job", "service"]  # the job was waited for while the service ran on
+    assert job.returncode == 0
+    assert service.returncode == -signal.SIGTERM  # its stop signal: no failure
+    assert tagged_pids(tag) == []
+
+
+async def test_a_service_that_fails_still_fails_the_runner(tag: str) -> None:
+    with pytest.raises(ExceptionGroup) as caught:
+        async with corral.open_runner(console=False) as r:
+            await r.start(["sh", "-c", "exit 3"], service=True, extra_env={TAG_VAR: tag})
+            await anyio.sleep_forever()
+    assert caught.group_contains(corral.ProcessFailed)
+
+
+async def test_run_refuses_service() -> None:
+    async with corral.open_runner(console=False) as r:
+        with pytest.raises(ValueError, match=r"service=True is for start\(\)"):
+            await r.run(["true"], service=True)
+        assert r.processes == ()

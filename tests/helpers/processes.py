@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -138,6 +139,47 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+#: Signals whose default action ends a process (SIGKILL whatever it does).
+_FATAL = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def is_dying(pid: int) -> bool:
+    """Whether ``pid`` has a signal pending that ends it: it exits once the kernel runs it.
+
+    SIGKILL always ends a process; the others of :data:`_FATAL` do when the
+    process neither catches, ignores nor blocks them.  Between the signal and
+    the exit, ``/proc`` still shows the process running: under load, for
+    milliseconds.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    masks = {k: int(status.get(k, "0").strip(), 16) for k in ("SigPnd", "ShdPnd", "SigBlk")}
+    spared = (
+        masks["SigBlk"] | int(status.get("SigIgn", "0"), 16) | int(status.get("SigCgt", "0"), 16)
+    )
+    pending = masks["SigPnd"] | masks["ShdPnd"]
+    for sig in _FATAL:
+        bit = 1 << (sig - 1)
+        if pending & bit and (sig == signal.SIGKILL or not spared & bit):
+            return True
+    return False
+
+
+def still_running(pids: Iterable[int], timeout: float = 10.0) -> list[int]:
+    """Those of ``pids`` that live on: the dying ones (:func:`is_dying`) are waited for first.
+
+    Sampling the process table right after a launcher killed its children is
+    a race with the kernel, not a leak: a killed process is still listed
+    until it was scheduled to exit.
+    """
+    pids = list(pids)
+    wait_gone([pid for pid in pids if is_dying(pid)], timeout)
+    return [pid for pid in pids if is_alive(pid)]
 
 
 def is_alive(pid: int) -> bool:

@@ -8,14 +8,15 @@ print something and leave no process behind.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from tests.helpers import docs
 from tests.helpers.processes import TAG_VAR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,6 +177,10 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
 #: Examples that need an optional package (a skip, which is an error in CI).
 NEEDS = {"launch_torch.py": "torch"}
 
+#: Examples that need Trio (corral's ``trio`` extra, which the README's set-up installs):
+#: without it, each says so, naming the extra.
+NEEDS_TRIO = {"trio_app.py", "from_thread.py"}
+
 #: Examples that log a traceback on purpose (it reaches the console, on
 #: stderr): how many.  Any other traceback on stderr is a crash.
 TRACEBACKS = {"logs.py": 1}
@@ -235,6 +240,37 @@ def test_example(path: Path, tag: str) -> None:
         assert_lines_in_order(getattr(result, stream), patterns, f"{path.name}'s {stream}")
 
 
+def test_the_readme_set_up_installs_what_the_examples_need() -> None:
+    from tests.project.test_readme import marked_command
+
+    assert marked_command("run-command").startswith("pip install -e '.[trio]' && ")
+
+
+def test_the_examples_that_need_trio_are_listed() -> None:
+    uses = {
+        p.name
+        for p in EXAMPLES
+        if re.search(r"^\s*import trio\b|backend=\"trio\"\)", p.read_text(), re.MULTILINE)
+    }
+    assert uses == NEEDS_TRIO
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_TRIO))
+def test_an_example_that_needs_trio_says_so_without_it(name: str) -> None:
+    path = ROOT / "examples" / name
+    hide = (
+        "import runpy, sys\n"
+        "sys.modules['trio'] = None  # as if it were not installed\n"
+        f"sys.argv = [{str(path)!r}]\n"
+        f"runpy.run_path({str(path)!r}, run_name='__main__')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", hide], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert result.returncode == 1, describe(result)
+    assert "corral[trio]" in result.stderr and "Traceback" not in result.stderr, describe(result)
+
+
 def test_trio_and_asyncio_apps_do_the_same_job(tag: str) -> None:
     """Both apps print the same report, up to pids and port numbers."""
 
@@ -266,52 +302,112 @@ def test_logs_example_tail_loses_nothing(tag: str) -> None:
     assert "ZeroDivisionError: division by zero" in result.stderr, describe(result)
 
 
-# -- complete programs in the documentation ---------------------------------------------
+# -- every code block of the documentation and the README ------------------------------
 
-#: Pages whose complete programs (``python`` code blocks that call ``anyio.run``,
-#: ``trio.run`` or ``asyncio.run``) must run as they are.
-DOC_PAGES = [
-    "tutorial.rst",
-    "howto/handshake.rst",
-    "howto/embedding.rst",
-    "howto/limits.rst",
-    "howto/logging.rst",
-    "howto/subprocess.rst",
-    "howto/monitor.rst",
-    "howto/containment.rst",
+#: What a whole program may call on to run as it is: placeholders, each a file in its folder.
+PLACEHOLDERS = {
+    "train.py": "import os, sys\nprint('training', os.environ.get('RANK', '0'), *sys.argv[1:])\n",
+    "build.py": "print('built')\n",
+    "worker.py": "print('working')\n",
+}
+
+#: Languages whose blocks are code: each block is a whole program or says it is a fragment.
+CODE = {"python", "sh"}
+
+#: Pages' code blocks, and the README's, with what each is.
+ALL_BLOCKS = [b for page in docs.pages() for b in docs.page_blocks(page)] + [
+    b for b in docs.readme_blocks() if b.language in CODE
 ]
 
-_CODE_BLOCK = re.compile(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", re.MULTILINE)
-_MAIN_CALL = re.compile(r"^(anyio|trio|asyncio)\.run\(", re.MULTILINE)
+
+def kind(block: docs.Block) -> str:
+    """``fragment``, ``server`` (tests/core/test_frameworks.py runs it), ``test`` (a test
+    module for pytest), ``command`` (the README's, which CI runs), ``text`` or ``program``."""
+    if block.language not in CODE:
+        return "text"
+    if block.caption.startswith("Fragment"):
+        return "fragment"
+    if block.name.startswith("server-"):
+        return "server"
+    if block.caption.startswith("test_"):
+        return "test"
+    if block.where.startswith("README.md") and block.language == "sh":
+        return "command"
+    return "program"
 
 
-def doc_programs() -> list[tuple[str, str]]:
-    programs = []
-    for page in DOC_PAGES:
-        text = (ROOT / "docs" / page).read_text()
-        blocks = [textwrap.dedent(b) for b in _CODE_BLOCK.findall(text)]
-        numbered = [b for b in blocks if _MAIN_CALL.search(b)]
-        programs += [(f"{page}#{n}", code) for n, code in enumerate(numbered, 1)]
-    return programs
+def runnable(what: str) -> list[docs.Block]:
+    return [b for b in ALL_BLOCKS if kind(b) == what]
 
 
-def test_docs_have_programs() -> None:
-    assert len(doc_programs()) >= 10
+def test_the_docs_have_programs_of_every_kind() -> None:
+    assert len(runnable("program")) >= 40
+    assert runnable("test") and runnable("server") and runnable("fragment")
 
 
-@pytest.mark.parametrize(("where", "code"), doc_programs(), ids=[w for w, _ in doc_programs()])
-def test_doc_program(where: str, code: str, tag: str, tmp_path: Path) -> None:
-    script = tmp_path / "program.py"
-    script.write_text(code)
-    env = {**os.environ, "NO_COLOR": "1", TAG_VAR: tag}
-    result = subprocess.run(
-        [sys.executable, str(script)],
+def test_a_fragment_says_where_the_whole_program_is() -> None:
+    """Its caption names an example, or a whole program on the same page."""
+    wholes = runnable("program") + runnable("test") + runnable("server")
+    pages_with_programs = {b.where.split(":")[0] for b in wholes}
+    for block in runnable("fragment"):
+        named = re.findall(r"examples/\w+\.py", block.caption)
+        if named:
+            assert all((ROOT / n).is_file() for n in named), block.where
+        else:
+            assert re.search(r"\b(above|below)\b", block.caption), (
+                f"{block.where}: the caption names no whole program: {block.caption!r}"
+            )
+            assert block.where.split(":")[0] in pages_with_programs, block.where
+
+
+def test_every_server_block_is_run_by_the_framework_tests() -> None:
+    from tests.core.test_frameworks import DOC_SERVERS
+
+    assert sorted(b.name for b in runnable("server")) == sorted(DOC_SERVERS)
+
+
+_AST = ast.PyCF_ONLY_AST
+
+
+def test_no_program_hides_in_a_literal_block() -> None:
+    """A ``::`` block is for text; Python code goes in a ``code-block`` that the tests see."""
+    for page in docs.pages():
+        for block in docs.literal_blocks(page):
+            if not re.search(r"\b(import|def|async|await)\b", block.code):
+                continue
+            try:  # top-level ``await`` and ``async with`` count: a reader pastes them
+                compile(block.code, block.where, "exec", _AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            except SyntaxError:
+                continue
+            pytest.fail(f"{block.where}: Python code in a literal block:\n{block.code}")
+
+
+def _run_block(block: docs.Block, tag: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    for name, text in PLACEHOLDERS.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    if block.language == "sh":
+        argv = ["sh", "-ec", block.code]
+    elif kind(block) == "test":
+        (tmp_path / block.caption.split(":")[0]).write_text(block.code)
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."]
+    else:
+        (tmp_path / "program.py").write_text(block.code)
+        argv = [sys.executable, "program.py"]
+    return subprocess.run(
+        argv,
         cwd=tmp_path,
-        env=env,
+        env={**os.environ, "NO_COLOR": "1", TAG_VAR: tag},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
     )
-    assert result.returncode == 0, f"{where} exited with {result.returncode}\n{describe(result)}"
-    assert result.stdout.strip(), f"{where} printed nothing\n{describe(result)}"
+
+
+@pytest.mark.parametrize("block", runnable("program") + runnable("test"), ids=lambda b: b.where)
+def test_every_whole_block_runs(block: docs.Block, tag: str, tmp_path: Path) -> None:
+    result = _run_block(block, tag, tmp_path)
+    assert result.returncode == 0, (
+        f"{block.where} exited with {result.returncode}\n{describe(result)}"
+    )

@@ -47,6 +47,41 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     )
 
 
+#: What .ci/run may install with pip besides the README's test command, each with its reason.
+CI_PIP_INSTALLS = {
+    # the type check without torch (see test_ci_type_checks_without_torch)
+    "\"$notorch/bin/pip\" install -q -e '.[trio]' mypy pytest",
+    # examples/launch_torch.py's gloo all-reduce (a skip without it, an error in CI)
+    "pip install torch==2.13.0",
+}
+
+
+def ci_commands() -> list[str]:
+    return [
+        line.strip()
+        for line in CI_RUN.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def test_ci_is_the_system_packages_and_the_readme_command() -> None:
+    """Nothing else is installed on the way, so that CI cannot hide a missing install step."""
+    *before, last = ci_commands()
+    installs = {line for line in before if re.search(r"\bpip3?\"? +install\b", line)}
+    assert installs == CI_PIP_INSTALLS
+    assert last == marked_command("test-command")
+
+
+def test_ci_type_checks_without_torch() -> None:
+    """The README's checks hold on a machine without torch: mypy sees it as optional."""
+    commands = ci_commands()
+    torch = commands.index("pip install torch==2.13.0")
+    step = commands[:torch]
+    assert 'python -m venv "$notorch"' in step
+    assert any('find_spec("torch") is not None' in line for line in step)
+    assert '"$notorch/bin/mypy" --strict src' in step
+
+
 def test_ci_script_is_strict_bash() -> None:
     text = CI_RUN.read_text()
     assert text.startswith("#!/usr/bin/env bash\n")
@@ -78,7 +113,8 @@ def test_run_command_names_an_existing_example() -> None:
 
 def readme_programs() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    return [b for b in blocks if re.search(r"^anyio\.run\(", b, flags=re.MULTILINE)]
+    # (every block runs in tests/project/test_examples.py; this one checks what the first says)
+    return [b for b in blocks if "build exited with" in b]
 
 
 @pytest.mark.parametrize("code", readme_programs())
@@ -96,3 +132,12 @@ def test_readme_program_runs(code: str, tmp_path: Path, tag: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "build exited with 0" in result.stdout
+
+
+def test_contributing_says_how_to_run_suites_side_by_side() -> None:
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    assert "CONTRIBUTING.md" in README.read_text()
+    assert "CORRAL_TEST_SLOT=1 python -m pytest" in text
+    assert 'os.environ.get("CORRAL_TEST_SLOT"' in (ROOT / "tests/helpers/hosts.py").read_text()
+    for habit in ("python -m pytest -q tests/core", "bench/README.md", "sphinx-build"):
+        assert habit in text

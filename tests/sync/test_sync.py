@@ -549,12 +549,8 @@ def test_built_on_the_public_api_only(module: str) -> None:
     assert imported <= set(corral.__all__)
 
 
-def test_runner_keywords_stay_in_step_with_open_runner() -> None:
-    """``corral.launch`` sends every keyword of ``open_runner`` to the runner."""
-    import inspect
-
-    from corral._sync import _runner
-
-    assert _runner._runner_keywords() == frozenset(inspect.signature(corral.open_runner).parameters)
-    launch_keywords = set(inspect.signature(corral.Runner.launch).parameters)
-    assert _runner._runner_keywords() & launch_keywords == {"grace"}
+def test_a_service_does_not_hold_the_block_open(tag: str) -> None:
+    with corral.open_runner_sync(console=False) as r:
+        service = r.start(["sleep", "1000"], service=True, extra_env={TAG_VAR: tag})
+    assert service.returncode == -15
+    assert tagged_pids(tag) == []

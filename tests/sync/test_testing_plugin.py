@@ -103,11 +103,67 @@ def test_plain(corral_no_leaks):
 """
 
 
-def test_clean_tests_pass_on_both_backends(run: Callable[..., pytest.RunResult]) -> None:
-    result = run(CLEAN)
-    result.assert_outcomes(passed=5)
+# Under pytest-trio: ``{mark}`` is its marker, or nothing in trio_mode.
+UNDER_PYTEST_TRIO = """
+import pytest, trio, corral
+
+{mark}
+async def test_trio_runner(corral_runner, corral_log, corral_no_leaks):
+    done = await corral_runner.run(["sh", "-c", "echo hello"], stdout=corral.PIPE, name="talk")
+    assert done.stdout == b"hello\\n"
+    await corral_runner.run(["sh", "-c", "echo out; echo err >&2"], name="talk")
+    assert sorted(corral_log.lines("corral.talk")) == ["err", "out"]
+    sleeper = await corral_runner.start(["sleep", "1000"])  # stopped at the end of the test
+    assert sleeper.returncode is None
+    assert corral_runner.token.backend == "trio"
+
+{mark}
+async def test_trio_child_fails(corral_runner):
+    await corral_runner.start(["sh", "-c", "echo dying words >&2; exit 3"], name="doomed")
+    with trio.fail_after(10):
+        await corral_runner.run(["sleep", "1000"])  # stopped when doomed fails
+"""
+
+
+def test_clean_tests_pass_on_both_backends_and_under_pytest_trio(
+    run: Callable[..., pytest.RunResult],
+) -> None:
+    """Both plugins loaded: AnyIO's tests on both backends, pytest-trio's marked ones in its run.
+
+    pytest-trio runs a test and its fixtures in one ``trio.run``: a child's
+    failure fails the test itself (not its teardown, as under AnyIO).
+    """
+    result = run(CLEAN + UNDER_PYTEST_TRIO.format(mark="@pytest.mark.trio"))
+    result.assert_outcomes(passed=6, failed=1)
     assert_passed(
-        result, "test_runner[asyncio]", "test_runner[trio]", "test_log[trio]", "test_plain"
+        result,
+        "test_runner[asyncio]",
+        "test_runner[trio]",
+        "test_log[trio]",
+        "test_plain",
+        "test_trio_runner",
+    )
+    _assert_child_failure_reported(result)
+
+
+def test_the_fixtures_work_in_pytest_trio_s_trio_mode(
+    run: Callable[..., pytest.RunResult],
+) -> None:
+    """pytest-trio alone, ``trio_mode = true``: unmarked async tests, the same fixtures."""
+    result = run(UNDER_PYTEST_TRIO.format(mark=""), "-p", "no:anyio", "-o", "trio_mode=true")
+    result.assert_outcomes(passed=1, failed=1)
+    assert_passed(result, "test_trio_runner")
+    _assert_child_failure_reported(result)
+
+
+def _assert_child_failure_reported(result: pytest.RunResult) -> None:
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_trio_child_fails _*",
+            "*ProcessFailed: process 'doomed' (pid *) exited with code 3*",
+            "*- Captured corral call -*",
+            "* WARNING corral.doomed | dying words",
+        ]
     )
 
 

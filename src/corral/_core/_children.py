@@ -66,6 +66,8 @@ class Children:
         self._grace = grace
         self._stop_signal = stop_signal
         self._live: dict[str, Process] = {}
+        #: The live children started with ``service=True``.
+        self._services: set[Process] = set()
         self._name_counters: dict[str, int] = {}
         self._observers: list[Observer] = []
         #: Spawns one at a time, with a loop turn after each (see :meth:`start`).
@@ -98,6 +100,7 @@ class Children:
     def _exited(self, proc: Process) -> None:
         if self._live.get(proc.name) is proc:
             del self._live[proc.name]
+        self._services.discard(proc)
         if self._scope.closing and not self._live:
             self._scope.children_done.set()
 
@@ -174,6 +177,8 @@ class Children:
             )
             proc = Process(sup)
             self._live[name] = proc
+            if options.service:
+                self._services.add(proc)
             signals = self._scope.signals
             if signals is not None:
                 signals.add(sup)
@@ -204,6 +209,31 @@ class Children:
         if wait_started:
             await sup.wait_started()
         return proc
+
+    # -- the end of the block -----------------------------------------------------------
+
+    def end_services(self) -> None:
+        """At the normal end of the block: stop the services once the other children exited.
+
+        Each service (``service=True``) then gets what a stop gives (its stop
+        signal, its grace, SIGKILL) instead of being waited for; a failure or
+        a cancellation meanwhile stops every child anyway.
+        """
+        tg = self._scope.tg
+        if tg is not None and self._services:
+            tg.start_soon(self._end_services, name=f"corral services of {self._runner}")
+
+    async def _end_services(self) -> None:
+        waited: set[Process] = set()
+        while others := [p for p in self.live if p not in self._services and p not in waited]:
+            for proc in others:
+                await proc.wait()
+                waited.add(proc)
+        tg = self._scope.tg
+        assert tg is not None
+        for proc in self.live:
+            if proc in self._services:
+                tg.start_soon(proc.stop, name=f"corral stop {self._runner}.{proc.name}")
 
     def _unique_name(self, name: str | None, program: str) -> str:
         taken = self._live

@@ -1,22 +1,31 @@
-"""The options of a start: what :meth:`Runner.start` and :meth:`Runner.run` take.
+"""The options of a runner and of a start: what :func:`open_runner` and :meth:`Runner.start` take.
 
-They are spelled once, as the fields of :class:`ProcessOptions` (names,
-types, defaults), with :class:`StartOptions` beside it for type checkers
-(``**options: Unpack[StartOptions]``); :func:`corral._checks.with_keywords`
-shows them in the methods' signatures.  What each means is in
-:meth:`Runner.start`'s docstring.
+Each set is spelled once, as the fields of a dataclass (names, types,
+defaults): :class:`RunnerSpec` for :func:`open_runner`, :class:`Runner`,
+:func:`open_runner_sync` and :func:`corral.launch`, :class:`ProcessOptions`
+for :meth:`Runner.start` and :meth:`Runner.run` and their blocking twins.
+Beside each stands its :class:`typing.TypedDict` for type checkers
+(``**options: Unpack[RunnerOptions]``, ``Unpack[StartOptions]``), which
+``tests/core/test_options.py`` keeps in step with it; and
+:func:`corral._checks.with_keywords` shows the fields in every signature.
+What each means is in :func:`open_runner`'s and :meth:`Runner.start`'s
+docstrings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
-from collections.abc import Collection, Mapping
+import signal
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, TypedDict
 
 from .._checks import check_grace, check_keywords
+from .._launch._options import LaunchKeywords
+from .._logs._router import Route
 from ._stdio import DEVNULL, LOG, LogOption
 
 __all__ = [
@@ -26,6 +35,9 @@ __all__ = [
     "ProcessOptions",
     "Restart",
     "RestartPolicy",
+    "RunnerLaunchOptions",
+    "RunnerOptions",
+    "RunnerSpec",
     "StartOptions",
     "StrOrPath",
 ]
@@ -38,6 +50,72 @@ Restart = Literal["never", "on-failure", "always"]
 
 #: A restart policy's delay never grows beyond this many seconds.
 MAX_BACKOFF = 30.0
+
+
+class RunnerOptions(TypedDict, total=False):
+    """The keywords of :func:`open_runner`, as a :class:`typing.TypedDict`.
+
+    :func:`open_runner`, :class:`Runner`, :func:`open_runner_sync` and
+    :func:`corral.launch` take them all (``**options: Unpack[RunnerOptions]``),
+    and so may code that passes them on::
+
+        def my_runner(**options: Unpack[corral.RunnerOptions]) -> corral.Runner:
+            return corral.open_runner(name="app", **options)
+
+    Every key is optional; :func:`open_runner` says what each means.  (Its
+    defaults are those of corral's own ``RunnerSpec``, which
+    ``tests/core/test_options.py`` keeps in step with it.)
+    """
+
+    name: str
+    grace: float
+    stop_signal: int
+    console: bool
+    handlers: Sequence[logging.Handler | Route]
+    log_dir: StrOrPath | None
+    propagate: bool
+    handle_signals: bool | None
+    monitor: str | bool | None
+    contain: bool
+    subreaper: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerSpec:
+    """What a runner was asked for: the keywords of :func:`open_runner`, with their defaults.
+
+    Not checked yet: the :class:`Runner` checks each value.
+    """
+
+    name: str = "corral"
+    grace: float = 5.0
+    stop_signal: int = signal.SIGTERM
+    console: bool = True
+    handlers: Sequence[logging.Handler | Route] = ()
+    log_dir: StrOrPath | None = None
+    propagate: bool = False
+    handle_signals: bool | None = None
+    monitor: str | bool | None = None
+    contain: bool = True
+    subreaper: bool = False
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any], what: str) -> RunnerSpec:
+        """From a call's keywords; an unknown one is a ``TypeError``, as for any call."""
+        check_keywords(options, _RUNNER_FIELDS, what)
+        return cls(**options)
+
+
+_RUNNER_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(RunnerSpec))
+
+
+class RunnerLaunchOptions(RunnerOptions, LaunchKeywords, total=False):
+    """The keywords of :func:`corral.launch`, as a :class:`typing.TypedDict`.
+
+    Those of :func:`open_runner` (a :class:`RunnerOptions`) and those of
+    :meth:`Runner.launch` (a :class:`LaunchOptions`), with ``grace`` once: the
+    runner's, a number of seconds, which the launch inherits.
+    """
 
 
 class StartOptions(TypedDict, total=False):
@@ -60,6 +138,7 @@ class StartOptions(TypedDict, total=False):
     extra_env: Mapping[str, str | None] | None
     cwd: StrOrPath | None
     check: bool
+    service: bool
     grace: float | None
     stop_signal: int | None
     stdin: Input
@@ -91,6 +170,7 @@ class ProcessOptions:
     extra_env: Mapping[str, str | None] | None = None
     cwd: StrOrPath | None = None
     check: bool = True
+    service: bool = False
     grace: float | None = None
     stop_signal: int | None = None
     stdin: Input = DEVNULL

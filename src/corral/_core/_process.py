@@ -11,13 +11,18 @@ its state and asks for stops; the supervisor does the rest.
 from __future__ import annotations
 
 import signal as _signal
-import warnings
+import sys
 from typing import TYPE_CHECKING
 
 import anyio.abc
 
 from .._checks import check_signal
 from .._sys import _platform
+
+if sys.version_info >= (3, 13):
+    from warnings import deprecated
+else:
+    from typing_extensions import deprecated
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -71,13 +76,9 @@ class Process(anyio.abc.Process):
         return list(self._sup.spec.argv)
 
     @property
+    @deprecated("Process.argv is deprecated; use Process.args, as in subprocess")
     def argv(self) -> tuple[str, ...]:
-        """Deprecated: the same as :attr:`args`, as a tuple."""
-        warnings.warn(
-            "Process.argv is deprecated; use Process.args, as in subprocess",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        """Deprecated: the same as :attr:`args`, as a tuple (type checkers flag its use)."""
         return tuple(self._sup.spec.argv)
 
     @property

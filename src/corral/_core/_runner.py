@@ -52,7 +52,7 @@ from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
 from ._children import MAX_NAME, Children, check_name
 from ._lifeline import Lifeline
-from ._options import ProcessOptions, StartOptions, StrOrPath
+from ._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions, StrOrPath
 from ._process import Process
 from ._run import drain, feed
 from ._scope import Scope
@@ -75,29 +75,21 @@ class Runner:
     else.  Use :attr:`token` to reach it from another thread.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "corral",
-        grace: float = 5.0,
-        stop_signal: int = signal.SIGTERM,
-        console: bool = True,
-        handlers: Sequence[logging.Handler | Route] = (),
-        log_dir: StrOrPath | None = None,
-        propagate: bool = False,
-        handle_signals: bool | None = None,
-        monitor: str | bool | None = None,
-        contain: bool = True,
-        subreaper: bool = False,
-    ) -> None:
+    @with_keywords(RunnerSpec)
+    def __init__(self, **options: Unpack[RunnerOptions]) -> None:
+        spec = RunnerSpec.of(options, "Runner")
+        name = spec.name
         check_name(name, "runner")
         if "." in name:
             raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
         self._name = name
-        self._grace = check_grace(grace)
-        self._stop_signal = check_signal(stop_signal)
+        self._grace = check_grace(spec.grace)
+        self._stop_signal = check_signal(spec.stop_signal)
+        handle_signals = spec.handle_signals
         if handle_signals not in (None, True, False):
             raise TypeError("handle_signals must be None, True or False")
+        handlers = spec.handlers
+        monitor = spec.monitor
         if isinstance(handlers, (logging.Handler, Route)):
             handlers = [handlers]
         routes = []
@@ -115,9 +107,9 @@ class Runner:
         self._hub = LogHub(
             name,
             routes=routes,
-            console=bool(console),
-            log_dir=os.fspath(log_dir) if log_dir is not None else None,
-            propagate=bool(propagate),
+            console=bool(spec.console),
+            log_dir=os.fspath(spec.log_dir) if spec.log_dir is not None else None,
+            propagate=bool(spec.propagate),
         )
         self._lifeline = Lifeline(on_error=self._lifeline_error)
         self._entered = False
@@ -128,7 +120,7 @@ class Runner:
             monitor=self._monitor,
             handle_signals=handle_signals,
             live_count=lambda: len(self._children),
-            contain=(contain, subreaper),
+            contain=(spec.contain, spec.subreaper),
             stop=(self._stop_signal, self._grace),
         )
         self._children = Children(
@@ -210,6 +202,8 @@ class Runner:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        if exc_type is None:
+            self._children.end_services()
         return await self._scope.exit(exc_type, exc, tb)
 
     def cancel(self) -> None:
@@ -252,6 +246,12 @@ class Runner:
             check: whether a non-zero exit (or death by a signal nobody asked
                 for) is a failure that stops the runner and raises
                 :class:`ProcessFailed` out of its ``async with``.
+            service: a child that runs as long as the block, such as a server:
+                when the block's code ends normally, the runner waits for
+                its other children as usual, then stops this one (stop
+                signal, grace, SIGKILL) instead of waiting for it; that exit
+                is not a failure.  By default (``False``) the end of the
+                block waits for the child, as a nursery waits for its tasks.
             grace: seconds between the stop signal and SIGKILL when this child
                 is stopped; defaults to the runner's.
             stop_signal: the signal that asks this child to stop; defaults to
@@ -325,11 +325,14 @@ class Runner:
         an error); ``stdout=PIPE`` / ``stderr=PIPE`` (or ``LOG | PIPE``)
         collect the exact bytes into the result's ``stdout`` / ``stderr``;
         and with ``check=True`` (the default) a non-zero exit raises
-        :class:`ProcessFailed` here, directly, not out of the runner.  If the
+        :class:`ProcessFailed` here, directly, not out of the runner;
+        ``service=True`` is refused, since ``run()`` waits for its child.  If the
         calling task is cancelled, the child is stopped (stop signal, grace,
         SIGKILL) before the cancellation propagates.
         """
         opts = ProcessOptions.of(options, "Runner.run")
+        if opts.service:
+            raise ValueError("service=True is for start(): run() waits for its child itself")
         stdin = opts.stdin
         if input is not None:
             if not isinstance(input, (bytes, bytearray, memoryview)):
@@ -526,20 +529,8 @@ class Runner:
         self._children.check_open()
 
 
-def open_runner(
-    *,
-    name: str = "corral",
-    grace: float = 5.0,
-    stop_signal: int = signal.SIGTERM,
-    console: bool = True,
-    handlers: Sequence[logging.Handler | Route] = (),
-    log_dir: StrOrPath | None = None,
-    propagate: bool = False,
-    handle_signals: bool | None = None,
-    monitor: str | bool | None = None,
-    contain: bool = True,
-    subreaper: bool = False,
-) -> Runner:
+@with_keywords(RunnerSpec)
+def open_runner(**options: Unpack[RunnerOptions]) -> Runner:
     """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
 
     Args:
@@ -593,16 +584,5 @@ def open_runner(
     it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
     and later, not forbidden by a seccomp filter).
     """
-    return Runner(
-        name=name,
-        grace=grace,
-        stop_signal=stop_signal,
-        console=console,
-        handlers=handlers,
-        log_dir=log_dir,
-        propagate=propagate,
-        handle_signals=handle_signals,
-        monitor=monitor,
-        contain=contain,
-        subreaper=subreaper,
-    )
+    RunnerSpec.of(options, "open_runner")
+    return Runner(**options)

@@ -18,7 +18,13 @@ from .._checks import check_keywords
 from . import _link
 from ._hosts import SSH
 
-__all__ = ["DEFAULT_LINK_TIMEOUT", "DEFAULT_START_TIMEOUT", "LaunchOptions", "LaunchSpec"]
+__all__ = [
+    "DEFAULT_LINK_TIMEOUT",
+    "DEFAULT_START_TIMEOUT",
+    "LaunchKeywords",
+    "LaunchOptions",
+    "LaunchSpec",
+]
 
 #: Seconds agents get to start and dial back, unless ``start_timeout`` says otherwise.
 DEFAULT_START_TIMEOUT = 60.0
@@ -26,15 +32,11 @@ DEFAULT_START_TIMEOUT = 60.0
 DEFAULT_LINK_TIMEOUT = _link.DEFAULT_LINK_TIMEOUT
 
 
-class LaunchOptions(TypedDict, total=False):
-    """The keywords of :meth:`Runner.launch` and :meth:`Runner.launch_command`, as a TypedDict.
+class LaunchKeywords(TypedDict, total=False):
+    """The keywords of a launch but ``grace``, which :func:`corral.launch` takes as the runner's.
 
-    For code that passes them on and wants them type-checked
-    (``**options: Unpack[corral.LaunchOptions]``), as :class:`StartOptions`
-    is for :meth:`Runner.start`.  Every key is optional;
-    :meth:`Runner.launch` says what each means.  (Its defaults are those of
-    corral's own ``LaunchSpec``, which ``tests/core/test_options.py`` keeps in
-    step with it.)
+    :class:`LaunchOptions` adds it; :func:`corral.launch`'s keywords are these
+    and the runner's.
     """
 
     hosts: Sequence[str] | str | None
@@ -46,9 +48,22 @@ class LaunchOptions(TypedDict, total=False):
     launcher_address: str | None
     start_timeout: float
     link_timeout: float
-    grace: float | None
     log_level: int
     host_log_dir: str | None
+
+
+class LaunchOptions(LaunchKeywords, total=False):
+    """The keywords of :meth:`Runner.launch` and :meth:`Runner.launch_command`, as a TypedDict.
+
+    For code that passes them on and wants them type-checked
+    (``**options: Unpack[corral.LaunchOptions]``), as :class:`StartOptions`
+    is for :meth:`Runner.start`.  Every key is optional;
+    :meth:`Runner.launch` says what each means.  (Its defaults are those of
+    corral's own ``LaunchSpec``, which ``tests/core/test_options.py`` keeps in
+    step with it.)
+    """
+
+    grace: float | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,9 +82,9 @@ class LaunchSpec:
     launcher_address: str | None = None
     start_timeout: float = DEFAULT_START_TIMEOUT
     link_timeout: float = DEFAULT_LINK_TIMEOUT
-    grace: float | None = None
     log_level: int = logging.NOTSET
     host_log_dir: str | None = None
+    grace: float | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any], what: str) -> LaunchSpec:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-from .._core._options import StartOptions
+from .._core._options import RunnerLaunchOptions, RunnerOptions, StartOptions
 from .._core._runner import Runner, open_runner
 from .._core._token import LoopToken
 from .._errors import CorralError
@@ -22,8 +21,51 @@ from ._portal import Portal
 __all__ = ["SyncRunner", "launch", "open_runner_sync"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 _BACKENDS = ("asyncio", "trio")
+
+
+def _keywords(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    """The keyword-only parameters of ``fn``, with their defaults: the one spelling of each."""
+    return {
+        name: p
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def _check_keywords(options: Mapping[str, object], known: Mapping[str, object], what: str) -> None:
+    """``TypeError`` for a keyword that is none of ``known``, worded as Python words it."""
+    for key in options:
+        if key not in known:
+            raise TypeError(f"{what}() got an unexpected keyword argument {key!r}")
+
+
+def _same_keywords(*twins: Callable[..., Any]) -> Callable[[F], F]:
+    """Show the keywords of the async ``twins`` where the blocking ``fn``'s ``**options`` stands.
+
+    For :func:`help`, :mod:`inspect` and the API pages: the keywords are
+    their twins' (where two twins have one, the first's), spelled nowhere
+    else.  What a type checker sees is the same ``Unpack[...]`` of a
+    :class:`typing.TypedDict` on both sides.
+    """
+
+    def apply(fn: F) -> F:
+        signature = inspect.signature(fn)
+        params = [
+            p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        taken = {p.name for p in params}
+        for twin in twins:
+            for name, p in _keywords(twin).items():
+                if name not in taken:
+                    taken.add(name)
+                    params.append(p)
+        fn.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return fn
+
+    return apply
 
 
 class SyncRunner:
@@ -42,7 +84,9 @@ class SyncRunner:
     The runner belongs to the thread that opened it.
     """
 
-    def __init__(self, backend: str, options: dict[str, Any]) -> None:
+    def __init__(self, backend: str, options: Mapping[str, Any]) -> None:
+        keywords = _keywords(open_runner)
+        _check_keywords(options, keywords, "open_runner_sync")
         if backend not in _BACKENDS:
             raise ValueError(f'backend must be "asyncio" or "trio", not {backend!r}')
         if options.get("handle_signals"):
@@ -52,14 +96,13 @@ class SyncRunner:
                 "reaches the calling thread as KeyboardInterrupt and stops every child"
             )
         self._backend = backend
-        self._options = options
-        self._name = str(options.get("name", "corral"))
+        self._name = str(options.get("name", keywords["name"].default))
         try:
-            self._longest_grace = max(0.0, float(options.get("grace", 5.0)))
+            self._longest_grace = max(0.0, float(options.get("grace", keywords["grace"].default)))
         except (TypeError, ValueError):
-            self._longest_grace = 5.0  # the runner refuses it on entry
+            self._longest_grace = 0.0  # the runner refuses it on entry
         self._entered = False
-        self._portal = Portal(backend, options, self._name, self._longest_grace)
+        self._portal = Portal(backend, dict(options), self._name, self._longest_grace)
 
     # -- properties -------------------------------------------------------------------
 
@@ -143,6 +186,7 @@ class SyncRunner:
 
     # -- what the runner does -----------------------------------------------------------
 
+    @_same_keywords(Runner.start)
     def start(
         self, argv: Sequence[str | os.PathLike[str]], **options: Unpack[StartOptions]
     ) -> SyncProcess:
@@ -163,6 +207,7 @@ class SyncRunner:
         proc = self._portal.call("Runner.start", lambda r: r.start(argv, **options))
         return SyncProcess(self._portal, proc)
 
+    @_same_keywords(Runner.run)
     def run(
         self,
         argv: Sequence[str | os.PathLike[str]],
@@ -179,6 +224,7 @@ class SyncRunner:
         self._portal.note_grace(options.get("grace"))
         return self._portal.call("Runner.run", lambda r: r.run(argv, input=input, **options))
 
+    @_same_keywords(Runner.launch)
     def launch(
         self, func: Callable[..., T], /, *args: Any, **options: Unpack[LaunchOptions]
     ) -> LaunchResult[T]:
@@ -186,6 +232,7 @@ class SyncRunner:
         self._portal.note_grace(options.get("grace"))
         return self._portal.call("Runner.launch", lambda r: r.launch(func, *args, **options))
 
+    @_same_keywords(Runner.launch_command)
     def launch_command(
         self, argv: Sequence[str | os.PathLike[str]], **options: Unpack[LaunchOptions]
     ) -> LaunchResult[CompletedProcess]:
@@ -196,7 +243,8 @@ class SyncRunner:
         )
 
 
-def open_runner_sync(*, backend: str = "asyncio", **options: Any) -> SyncRunner:
+@_same_keywords(open_runner)
+def open_runner_sync(*, backend: str = "asyncio", **options: Unpack[RunnerOptions]) -> SyncRunner:
     """Create a blocking runner: ``with corral.open_runner_sync() as r:``.
 
     For scripts, notebooks and synchronous code: the runner runs on an event
@@ -209,22 +257,22 @@ def open_runner_sync(*, backend: str = "asyncio", **options: Any) -> SyncRunner:
         backend: ``"asyncio"`` (the default) or ``"trio"``, the helper
             thread's event loop.
         options: the keywords of :func:`open_runner` (``name``, ``grace``,
-            ``console``, ``handlers``, ``log_dir``...), except
-            ``handle_signals=True``: Ctrl-C reaches the calling thread as
-            :class:`KeyboardInterrupt`, and stops every child.
+            ``console``, ``handlers``, ``log_dir``...: a
+            :class:`RunnerOptions`), except ``handle_signals=True``: Ctrl-C
+            reaches the calling thread as :class:`KeyboardInterrupt`, and
+            stops every child.
     """
     return SyncRunner(backend, options)
 
 
+@_same_keywords(open_runner, Runner.launch)
 def launch(
     func: Callable[..., T],
     /,
     *args: Any,
-    hosts: Sequence[str] | str | None = None,
-    workers_per_host: int | Sequence[int] | None = None,
     hostnames: Sequence[str] | str | None = None,
     backend: str = "asyncio",
-    **options: Any,
+    **options: Unpack[RunnerLaunchOptions],
 ) -> LaunchResult[T]:
     """Run ``func(*args)`` on every worker and return their results: one blocking call.
 
@@ -243,9 +291,6 @@ def launch(
         func: the function (see :meth:`Runner.launch`).
         args: its positional arguments; keyword arguments go in with
             :func:`functools.partial`.
-        hosts: ``None`` (this machine), a list of hosts (over ssh), or
-            ``"slurm"``, as in :meth:`Runner.launch`.
-        workers_per_host: workers on each host, as in :meth:`Runner.launch`.
         hostnames: torchrunx's spelling of ``hosts``, with torchrunx's
             meanings: ``"auto"`` is the Slurm allocation inside one
             (``SLURM_JOB_ID`` set) and this machine elsewhere, and
@@ -257,7 +302,9 @@ def launch(
             ``torch.distributed.init_process_group`` in the function).
         options: the keywords of :func:`open_runner` (``name``, ``grace``,
             ``console``, ``log_dir``...) and of :meth:`Runner.launch`
-            (``extra_env``, ``copy_env``, ``ssh``, ``start_timeout``...).
+            (``hosts``, ``workers_per_host``, ``extra_env``, ``ssh``,
+            ``start_timeout``...); ``grace`` is the runner's, which the launch
+            inherits.
     """
     if backend in _PROCESS_GROUP_BACKENDS:
         raise ValueError(
@@ -266,15 +313,18 @@ def launch(
             f"{backend!r}) in the function (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are "
             'set); corral\'s backend= is the event loop, "asyncio" or "trio"'
         )
+    runner_keywords = _keywords(open_runner)
+    runner_options: dict[str, Any] = {}
+    launch_options: dict[str, Any] = {}
+    for key, value in options.items():
+        (runner_options if key in runner_keywords else launch_options)[key] = value
+    _check_keywords(launch_options, _keywords(Runner.launch), "launch")
     if hostnames is not None:
-        if hosts is not None:
+        if launch_options.get("hosts") is not None:
             raise TypeError("give hosts or hostnames (its torchrunx spelling), not both")
-        hosts = _from_hostnames(hostnames)
-    runner_options = {
-        name: options.pop(name) for name in list(options) if name in _runner_keywords()
-    }
-    with open_runner_sync(backend=backend, **runner_options) as r:
-        return r.launch(func, *args, hosts=hosts, workers_per_host=workers_per_host, **options)
+        launch_options["hosts"] = _from_hostnames(hostnames)
+    with SyncRunner(backend, runner_options) as r:
+        return r.launch(func, *args, **launch_options)
 
 
 #: torchrunx's (and torch.distributed's) ``backend=`` values, which corral's ``backend=`` is not.
@@ -289,9 +339,3 @@ def _from_hostnames(hostnames: Sequence[str] | str) -> Sequence[str] | str | Non
     if list(hostnames) == ["localhost"]:
         return None
     return hostnames
-
-
-@functools.cache
-def _runner_keywords() -> frozenset[str]:
-    """The keywords :func:`open_runner` takes (``grace`` among them: launch inherits it)."""
-    return frozenset(inspect.signature(open_runner).parameters)
