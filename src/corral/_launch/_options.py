@@ -18,12 +18,26 @@ from .._checks import check_keywords
 from . import _link
 from ._hosts import SSH
 
-__all__ = ["DEFAULT_LINK_TIMEOUT", "DEFAULT_START_TIMEOUT", "LaunchOptions", "LaunchSpec"]
+__all__ = [
+    "DEFAULT_LINK_TIMEOUT",
+    "DEFAULT_PROCESS_GROUP_TIMEOUT",
+    "DEFAULT_START_TIMEOUT",
+    "EVENT_LOOPS",
+    "PROCESS_GROUP_BACKENDS",
+    "LaunchOptions",
+    "LaunchSpec",
+]
 
 #: Seconds agents get to start and dial back, unless ``start_timeout`` says otherwise.
 DEFAULT_START_TIMEOUT = 60.0
 #: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
 DEFAULT_LINK_TIMEOUT = _link.DEFAULT_LINK_TIMEOUT
+#: The process-group backends of a launch's ``backend=`` (torchrunx's, torch's), and "auto".
+PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc", "xccl", "auto")
+#: What the ``backend=`` of a blocking runner names instead: its event loop.
+EVENT_LOOPS: Final = ("asyncio", "trio")
+#: Seconds of the process group's timeout (``backend=``): torchrunx's ``worker_timeout``.
+DEFAULT_PROCESS_GROUP_TIMEOUT = 600.0
 
 
 class LaunchOptions(TypedDict, total=False):
@@ -49,6 +63,10 @@ class LaunchOptions(TypedDict, total=False):
     grace: float | None
     log_level: int
     host_log_dir: str | None
+    backend: str | None
+    process_group_timeout: float
+    master_addr: str | None
+    master_port: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +88,10 @@ class LaunchSpec:
     grace: float | None = None
     log_level: int = logging.NOTSET
     host_log_dir: str | None = None
+    backend: str | None = None
+    process_group_timeout: float = DEFAULT_PROCESS_GROUP_TIMEOUT
+    master_addr: str | None = None
+    master_port: int | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any], what: str) -> LaunchSpec:
