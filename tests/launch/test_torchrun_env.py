@@ -25,7 +25,7 @@ from tests.helpers.processes import TAG_VAR, ListHandler
 
 import corral
 from corral._cli._main import main
-from corral._cli._run import TORCHRUN_FLAGS
+from corral._cli._torchrun import TORCHRUN_FLAGS
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -372,9 +372,9 @@ def test_a_torchrun_flag_corral_lacks_names_its_equivalent(
 
 
 def test_a_torchrun_flag_with_equals_is_named_alone(capfd: pytest.CaptureFixture[str]) -> None:
-    code, err = usage(capfd, "run", "--rdzv_endpoint=node1:29400", "--", "true")
+    code, err = usage(capfd, "run", "--rdzv_conf=join_timeout=900", "--", "true")
     assert code == 2
-    assert err.startswith("corral run: error: --rdzv_endpoint is a torchrun option"), err
+    assert err.startswith("corral run: error: --rdzv_conf is a torchrun option"), err
     assert err.count("\n") == 1
 
 

@@ -128,6 +128,10 @@ class Output:
     colour: bool | None
     status: bool
     monitor: str | None = None
+    #: Whether the processes' stderr lines go to the command's stderr (else to its stdout).
+    split_stderr: bool = False
+    #: Which lines (source, stream) stay off the console: torchrun's ``--redirects``.
+    quiet: Callable[[str, str], bool] | None = None
 
     @classmethod
     def of(
@@ -137,8 +141,15 @@ class Output:
         no_color: bool,
         no_status: bool,
         monitor: str | None,
+        *,
+        split_stderr: bool = False,
     ) -> Output:
-        """From the shared options, as click gives them."""
+        """From the shared options, as click gives them; ``split_stderr``: the command's default.
+
+        ``--split-stderr``/``--merge-stderr`` chooses otherwise.
+        """
+        chosen = click.get_current_context().meta.get(_SPLIT_STDERR)
+        split = split_stderr if chosen is None else bool(chosen)
         colour = False if no_color else None
         if log_dir is not None:
             try:
@@ -148,7 +159,15 @@ class Output:
                     f"cannot make the folder {shorten(log_dir)}: {exc.strerror or exc}",
                     param_hint="--log-dir",
                 ) from None
-        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor))
+        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor), split)
+
+
+#: Where ``--split-stderr``/``--merge-stderr`` leaves its choice (in the click context's meta).
+_SPLIT_STDERR = "corral.split_stderr"
+
+
+def _remember_split(ctx: click.Context, _param: click.Parameter, value: bool | None) -> None:
+    ctx.meta[_SPLIT_STDERR] = value
 
 
 def output_options(func: Any) -> Any:
@@ -162,6 +181,14 @@ def output_options(func: Any) -> Any:
                 help="Also write every line to files in a timestamped folder under this one.",
             ),
             click.option("--no-prefix", is_flag=True, help="Show the lines as they are."),
+            click.option(
+                "--split-stderr/--merge-stderr",
+                default=None,
+                expose_value=False,
+                callback=_remember_split,
+                help="The processes' stderr lines on stderr and their stdout lines on stdout "
+                "(corral run's default, as torchrun), or both on stdout (corral up's, as honcho).",
+            ),
             click.option("--no-color", is_flag=True, help="No colours, even on a terminal."),
             click.option("--no-status", is_flag=True, help="No live status table under the lines."),
             click.option(

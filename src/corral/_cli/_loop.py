@@ -150,6 +150,8 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
         colour=output.colour,
         prefix="relative" if output.prefix else "none",
         label=job.label,
+        errors=sys.stderr if output.split_stderr else None,
+        quiet=output.quiet,
     )
     console.setLevel(logging.INFO)
     status = Status(grace=job.grace)
