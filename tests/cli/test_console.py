@@ -79,13 +79,39 @@ def test_ranks_limit_the_console_not_the_files(
         "run", "-n", "4", "--log-dir", str(logs), *option, "--", *sh(script), cwd=tmp_path, tag=tag
     )
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines, errors = out.stdout.splitlines(), out.stderr.splitlines()
     for rank in range(4):
         source = f"agent-0.worker-{rank}"
-        shown = sorted(messages(lines, source))
-        assert shown == ([f"err {rank}", f"out {rank}"] if rank in kept else []), lines
+        # Each stream where the worker wrote it, as torchrun's: stdout lines on stdout...
+        assert messages(lines, source) == ([f"out {rank}"] if rank in kept else []), lines
+        # ... and stderr lines on stderr, prefixed alike.
+        assert messages(errors, source) == ([f"err {rank}"] if rank in kept else []), errors
         assert sorted(file_lines(logs, f"run.{source}")) == [f"err {rank}", f"out {rank}"]
-    assert [line for line in lines if not PREFIXED.fullmatch(line)] == []
+    assert [line for line in lines + errors if not PREFIXED.fullmatch(line)] == []
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "split"),
+    [("up", [], False), ("up", ["--split-stderr"], True), ("run", ["--merge-stderr"], False)],
+    ids=["up-merges-as-honcho", "up-split", "run-merged"],
+)
+def test_where_the_stderr_lines_go(
+    tmp_path: Path, tag: str, command: str, option: list[str], split: bool
+) -> None:
+    """corral run splits the streams (test above), corral up merges them, as honcho; or asked."""
+    script = 'echo "out here"; echo "err here" >&2'
+    if command == "up":
+        (tmp_path / "Procfile").write_text(f"web: {script}\n")
+        out = corral("up", *option, cwd=tmp_path, tag=tag)
+        source = "web.1"
+    else:
+        out = corral("run", *option, "--", *sh(script), cwd=tmp_path, tag=tag)
+        source = "agent-0.worker-0"
+    assert out.returncode == 0, out.stderr
+    lines, errors = out.stdout.splitlines(), out.stderr.splitlines()
+    # (two pipes: their lines' order between them is the reader's)
+    assert sorted(messages(lines, source)) == (["out here"] if split else ["err here", "out here"])
+    assert messages(errors, source) == (["err here"] if split else [])
 
 
 @pytest.mark.parametrize("value", ["", "a", "1,x", "-1", "1.5"])
@@ -153,27 +179,31 @@ TALK_AND_FAIL = (
 
 
 def test_a_failure_is_said_on_stderr_whatever_stdout_is(tmp_path: Path, tag: str) -> None:
-    """``> train.log``: the terminal (stderr) still says who failed, how, and its last lines."""
-    with open(tmp_path / "train.log", "w") as log:
-        out = subprocess.run(
+    """``> train.log 2> err.log``: stderr keeps the worker's stderr lines, then who failed, how.
+
+    As under torchrun, whose workers' stderr reaches its stderr: the traceback
+    is in ``err.log``, not among the stdout lines of ``train.log``.
+    """
+    with open(tmp_path / "train.log", "w") as log, open(tmp_path / "err.log", "w") as err:
+        code = subprocess.run(
             corral_argv("run", "-n", "3", "--", *sh(TALK_AND_FAIL)),
             cwd=tmp_path,
             env=environ(tag),
             stdin=subprocess.DEVNULL,
             stdout=log,
-            stderr=subprocess.PIPE,
-            text=True,
+            stderr=err,
             timeout=20,
-        )
-    assert out.returncode == 5
-    assert out.stderr.splitlines() == [
+        ).returncode
+    assert code == 5
+    errors = (tmp_path / "err.log").read_text().splitlines()
+    assert messages(errors, "agent-0.worker-1") == [f"trouble {i}" for i in range(12)], errors
+    assert errors[12:] == [
         "corral: rank 1 (local rank 1 on host localhost) exited with code 5; "
         "its last stderr lines:",
         *(f"  trouble {i}" for i in range(2, 12)),
     ]
     logged = (tmp_path / "train.log").read_text().splitlines()
-    assert messages(logged, "agent-0.worker-1")[-1] == "trouble 11"
-    assert not any("last stderr lines" in line for line in logged)
+    assert not any("trouble" in line or "last stderr lines" in line for line in logged), logged
 
 
 def test_up_says_its_failure_on_stderr(tmp_path: Path, tag: str) -> None:
@@ -547,7 +577,9 @@ def test_the_live_block_survives_a_resize(
 
 
 #: On SIGINT, each rank writes a traceback: rank 0 a KeyboardInterrupt's, rank 1 another
-#: exception's, rank 2 a KeyboardInterrupt's longer than the console holds back.
+#: exception's, rank 2 a KeyboardInterrupt's longer than the console holds back, rank 3 one
+#: as torch prints it once a process group is initialised (distributed_c10d's excepthook:
+#: ``[rank3]: `` before every line).
 TRACEBACKS = """
 import os, signal, sys, time
 rank = os.environ["RANK"]
@@ -555,7 +587,10 @@ def on_interrupt(*_):
     count = 4000 if rank == "2" else 3
     frames = "".join(f'  File "x.py", line {i}, in f\\n' for i in range(count))
     end = "ValueError: not an interrupt" if rank == "1" else "KeyboardInterrupt"
-    sys.stderr.write("Traceback (most recent call last):\\n" + frames + end + "\\n")
+    text = "Traceback (most recent call last):\\n" + frames + end + "\\n"
+    if rank == "3":
+        text = "\\n".join(f"[rank3]: {line}" if line else "" for line in text.split("\\n"))
+    sys.stderr.write(text)
     sys.stderr.flush()
     os._exit(1)
 signal.signal(signal.SIGINT, on_interrupt)
@@ -568,16 +603,16 @@ def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
     tmp_path: Path, tag: str
 ) -> None:
     (tmp_path / "tb.py").write_text(TRACEBACKS)
-    argv = corral_argv("run", "-n", "3", "--", PY, "tb.py")
+    argv = corral_argv("run", "-n", "4", "--", PY, "tb.py")
     running = Streaming(argv, cwd=tmp_path, env=environ(tag))
     try:
-        running.until(lambda lines: sum(line.endswith("| ready") for line in lines) == 3)
+        running.until(lambda lines: sum(line.endswith("| ready") for line in lines) == 4)
         os.killpg(running.proc.pid, signal.SIGINT)
         assert running.finish() == 130, running.lines[-20:]
     finally:
         running.close()
-    said = {rank: messages(running.lines, f"agent-0.worker-{rank}") for rank in range(3)}
-    assert said[0] == ["ready"]
+    said = {rank: messages(running.lines, f"agent-0.worker-{rank}") for rank in range(4)}
+    assert said[0] == said[3] == ["ready"]
     assert said[1] == [
         "ready",
         "Traceback (most recent call last):",
@@ -589,7 +624,7 @@ def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
     assert said[2][2:-1] == [f'  File "x.py", line {i}, in f' for i in range(4000)]
     assert said[2][-1] == "KeyboardInterrupt"
     assert running.lines[-1] == (
-        "corral: 1 KeyboardInterrupt traceback of the stop not shown "
+        "corral: 2 KeyboardInterrupt tracebacks of the stop not shown "
         "(not kept; --log-dir keeps them)"
     )
 

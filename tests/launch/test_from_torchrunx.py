@@ -106,13 +106,147 @@ def test_workers_per_host_cpu_is_the_cpus_this_process_may_use(tag: str) -> None
     assert len(results) == cpus
 
 
-def test_backend_is_the_event_loop_and_a_process_group_backend_is_explained() -> None:
-    with pytest.raises(ValueError, match=r"init_process_group\('gloo'\) in the function"):
-        corral.launch(where, 1, backend="gloo")
+# -- backend=: the process group the workers initialise, as torchrunx's -------------------
+
+
+def distributed_training(output_dir: str, num_steps: int = 10) -> str | None:
+    """torchrunx's README function (0.4), but for the device: this torch has no GPU.
+
+    The README's ``model.to(local_rank)``, ``.to(local_rank)`` on the inputs
+    and ``device_ids=[local_rank]`` need a CUDA device; on the CPU, DDP takes
+    no ``device_ids``.  Otherwise line for line: no ``init_process_group``.
+    """
+    import torch
+    import torch.nn as nn
+
+    rank = int(os.environ["RANK"])
+
+    model = nn.Linear(10, 10)
+    ddp_model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp_model.parameters())
+
+    for _step in range(num_steps):
+        optimizer.zero_grad()
+
+        inputs = torch.randn(5, 10)
+        labels = torch.randn(5, 10)
+        outputs = ddp_model(inputs)
+
+        torch.nn.functional.mse_loss(outputs, labels).backward()
+        optimizer.step()
+
+    if rank == 0:
+        os.makedirs(output_dir, exist_ok=True)
+        checkpoint_path = os.path.join(output_dir, "model.pt")
+        torch.save(model, checkpoint_path)
+        return checkpoint_path
+
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_the_readme_function_with_backend_gloo(tmp_path: Path, tag: str) -> None:
+    """``Launcher(workers_per_host=2, backend="gloo").run(distributed_training, ...)``."""
+    pytest.importorskip("torch")
+    results = corral.launch(
+        functools.partial(distributed_training, output_dir=str(tmp_path), num_steps=10),
+        workers_per_host=2,
+        backend="gloo",
+        console=False,
+        extra_env={TAG_VAR: tag},
+    )
+    assert list(results) == [str(tmp_path / "model.pt"), None]
+    assert (tmp_path / "model.pt").stat().st_size > 0
+
+
+def dist_func() -> Any:
+    """torchrunx's own CPU test function (its ``tests/test_ci.py``), unchanged."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+
+    w = torch.rand((100, 100)) if rank == 0 else torch.zeros((100, 100))
+
+    dist.broadcast(w, 0)
+
+    i = torch.rand((500, 100))  # batch, dim
+    o = torch.matmul(i, w)
+
+    dist.all_reduce(o, op=dist.ReduceOp.SUM)
+
+    print(i)
+
+    return o.detach()
+
+
+def dist_func_and_its_timeout() -> tuple[Any, float, bool]:
+    import torch
+    import torch.distributed as dist
+
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # type: ignore[union-attr]
+    return dist_func(), backend.options._timeout.total_seconds(), dist.get_backend() == "gloo"
+
+
+@pytest.mark.timeout(120)
+def test_torchrunxs_own_function_with_backend_auto_and_a_timeout(tag: str) -> None:
+    """``backend="auto"`` is Gloo without CUDA; ``worker_timeout=42`` is the group's."""
+    pytest.importorskip("torch")
+    results = corral.launch(
+        dist_func_and_its_timeout,
+        workers_per_host=2,
+        backend="auto",
+        process_group_timeout=42,
+        console=False,
+        extra_env={TAG_VAR: tag},
+    )
+    (first, timeout, gloo), (second, *_) = results
+    assert bool((first == second).all())
+    assert (timeout, gloo) == (42.0, True)
+
+
+def all_reduce_without_a_group() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1))
+
+
+@pytest.mark.timeout(120)
+def test_no_process_group_the_error_names_backend(tag: str) -> None:
+    """torch's "Default process group has not been initialized" says what fixes it."""
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="process group has not been initialized") as caught:
+        corral.launch(
+            all_reduce_without_a_group, workers_per_host=1, console=False, extra_env={TAG_VAR: tag}
+        )
+    notes = getattr(caught.value, "__notes__", [])
+    assert any('backend="gloo"' in note for note in notes), notes
+    assert 'backend="gloo"' in str(caught.value.__cause__)  # the remote traceback says it too
+
+
+@pytest.mark.anyio
+async def test_backend_on_the_wrong_keyword_is_one_line_naming_the_right_one() -> None:
+    with pytest.raises(ValueError) as caught:
+        corral.open_runner_sync(backend="gloo")
+    assert "r.launch(func, backend='gloo')" in str(caught.value)
+    async with corral.open_runner(console=False) as r:
+        for kind, keywords, words in [
+            (ValueError, {"backend": "trio"}, "open_runner_sync(backend='trio')"),
+            (ValueError, {"backend": "glue"}, "is not a process-group backend"),
+            (TypeError, {"backend": 1}, "process-group backend such as 'gloo'"),
+            (ValueError, {"backend": "gloo", "process_group_timeout": 0}, "positive number"),
+        ]:
+            with pytest.raises(kind) as caught:
+                await r.launch(where, 1, **keywords)
+            assert words in str(caught.value) and "\n" not in str(caught.value), caught.value
+        with pytest.raises(ValueError, match="a command initialises its own"):
+            await r.launch_command(["true"], backend="gloo")
+        assert r.processes == ()
 
 
 def gloo_all_reduce(seconds: int) -> float:
-    """torchrunx's ``backend="gloo"`` and ``worker_timeout=``, done by the function itself."""
+    """``backend=None``: the function initialises (and destroys) its process group itself."""
     import torch
     import torch.distributed as dist
 

@@ -25,7 +25,7 @@ from tests.helpers.processes import TAG_VAR, ListHandler
 
 import corral
 from corral._cli._main import main
-from corral._cli._run import TORCHRUN_FLAGS
+from corral._cli._torchrun import TORCHRUN_FLAGS
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -372,9 +372,9 @@ def test_a_torchrun_flag_corral_lacks_names_its_equivalent(
 
 
 def test_a_torchrun_flag_with_equals_is_named_alone(capfd: pytest.CaptureFixture[str]) -> None:
-    code, err = usage(capfd, "run", "--rdzv_endpoint=node1:29400", "--", "true")
+    code, err = usage(capfd, "run", "--rdzv_conf=join_timeout=900", "--", "true")
     assert code == 2
-    assert err.startswith("corral run: error: --rdzv_endpoint is a torchrun option"), err
+    assert err.startswith("corral run: error: --rdzv_conf is a torchrun option"), err
     assert err.count("\n") == 1
 
 
@@ -719,3 +719,23 @@ async def test_error_file_on_a_remote_host_reaches_worker_failed(
     assert "exited with code 1: MyErr: boom xxx" in str(failed), str(failed)
     assert failed.exc_type == "MyErr"
     assert failed.remote_traceback.endswith("line 3, in main\nMyErr: boom\n")
+
+
+@pytest.mark.anyio
+async def test_library_master_addr_and_port(tmp_path: Path, tag: str) -> None:
+    """``master_addr=``/``master_port=`` (``corral run --master-addr/--master-port``)."""
+    async with corral.open_runner(console=False) as r:
+        with pytest.raises(ValueError, match="master_port must be a TCP port, 1 to 65535, not 0"):
+            await r.launch_command(["true"], master_port=0)
+        with pytest.raises(ValueError, match="master_addr must be a host name"):
+            await r.launch_command(["true"], master_addr="")
+        assert r.processes == ()
+        await r.launch_command(
+            sh('echo "$MASTER_ADDR:$MASTER_PORT" > "$OUT/$RANK"'),
+            workers_per_host=2,
+            master_addr="localhost",
+            master_port=29777,
+            extra_env={TAG_VAR: tag, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"},
+        )
+    seen = [(tmp_path / str(rank)).read_text().strip() for rank in (0, 1)]
+    assert seen == ["localhost:29777"] * 2

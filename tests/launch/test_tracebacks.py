@@ -111,12 +111,12 @@ def fails(scale):
     value = scale * 7
     raise ValueError(f"main failed with {{value}}")  # shown from the script
 
+def main():
+    corral.launch(fails, 3, workers_per_host=2, backend={backend!r}, console=False,
+                  extra_env={{{tag_var!r}: {tag!r}}})
+
 if __name__ == "__main__":
-    try:
-        corral.launch(fails, 3, workers_per_host=2, backend={backend!r},
-                      extra_env={{{tag_var!r}: {tag!r}}})
-    except ValueError as exc:
-        print(exc.__cause__.text)
+    main()
 """
 
 
@@ -124,6 +124,7 @@ if __name__ == "__main__":
 def test_a_function_of_a_script_run_as_main_shows_its_lines(
     tmp_path: Path, tag: str, backend: str
 ) -> None:
+    """And the script's own frames, down to the call, but none of corral's machinery."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(backend=backend, tag_var=TAG_VAR, tag=tag))
     out = subprocess.run(
@@ -133,12 +134,24 @@ def test_a_function_of_a_script_run_as_main_shows_its_lines(
         text=True,
         timeout=40,
     )
-    assert out.returncode == 0, out.stderr
-    assert (
-        f'  File "{script}", line 6, in fails\n'
-        '    raise ValueError(f"main failed with {value}")  # shown from the script\n'
-    ) in out.stdout, out.stdout + out.stderr
-    assert "ValueError: main failed with 21" in out.stdout
+    assert out.returncode == 1, out.stderr
+    shown = "\n".join(line for line in out.stderr.split("\n") if line.strip(" ^~") or not line)
+    remote, _, here = shown.partition("The above exception was the direct cause")
+    assert remote.startswith("corral.RemoteTraceback: \nTraceback (most recent call last):\n")
+    assert remote.split("\n")[2:5] == [
+        f'  File "{script}", line 6, in fails',
+        '    raise ValueError(f"main failed with {value}")  # shown from the script',
+        "ValueError: main failed with 21",
+    ], shown
+    lines = here.split("\n")
+    assert lines[3:8] == [
+        f'  File "{script}", line 13, in <module>',
+        "    main()",
+        f'  File "{script}", line 9, in main',
+        f"    corral.launch(fails, 3, workers_per_host=2, backend={backend!r}, console=False,",
+        "ValueError: main failed with 21",
+    ], shown
+    assert str(Path(corral.__file__).parent) not in out.stderr, out.stderr
 
 
 def test_the_lines_a_job_carries_are_bounded(cell_name: str) -> None:

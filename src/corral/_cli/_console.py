@@ -1,16 +1,20 @@
 """The console of ``corral run`` and ``corral up``: ranks in the prefix, and a quiet Ctrl-C.
 
 Python prints a ``KeyboardInterrupt`` traceback in every worker that Ctrl-C
-reaches: four workers, four copies of the same lines.  After Ctrl-C the
+reaches: four workers, four copies of the same lines (each prefixed with
+``[rankN]:`` once torch's process group is initialised).  After Ctrl-C the
 command's console keeps those tracebacks to itself (they still reach the log
 files, the monitor and every other handler) and says once, at the end, how
 many it did not show.
+
+torchrun's ``--redirects`` keeps some streams of some local ranks off the
+console (:func:`redirected`); they still go to the log files.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, TextIO
 
 from .._logs._console import ConsoleHandler
@@ -18,7 +22,7 @@ from .._logs._console import ConsoleHandler
 if TYPE_CHECKING:
     from .._logs._sources import Source
 
-__all__ = ["HELD_BYTES", "CommandConsole", "rank_label"]
+__all__ = ["HELD_BYTES", "CommandConsole", "rank_label", "redirected"]
 
 #: The most bytes of a traceback the console holds back for one source while
 #: it finds out whether it is a KeyboardInterrupt's; a longer one is shown.
@@ -26,6 +30,8 @@ HELD_BYTES = 64 * 1024
 
 _TRACEBACK = b"Traceback (most recent call last):"
 _WORKER = re.compile(r"agent-([0-9]+)\.worker-([0-9]+)")
+#: What torch puts before each line of a traceback once a process group is initialised.
+_RANK_PREFIX = re.compile(rb"\[rank[0-9]+\]: ?")
 
 
 def rank_label(
@@ -55,6 +61,23 @@ def rank_label(
     return label
 
 
+def redirected(streams: Mapping[int | None, frozenset[str]]) -> Callable[[str, str], bool]:
+    """Whether a line of a source on a stream is kept off the console (torchrun's ``-r``).
+
+    ``streams`` maps a local rank (``None``: every one) to the streams
+    (``"stdout"``, ``"stderr"``) of its workers that go to the files alone.
+    """
+
+    def quiet(source: str, stream: str) -> bool:
+        match = _WORKER.search(source)
+        if match is None:
+            return False
+        chosen = streams.get(int(match[2]), streams.get(None, frozenset()))
+        return stream in chosen
+
+    return quiet
+
+
 class CommandConsole(ConsoleHandler):
     """The :class:`ConsoleHandler` of the command, which hides tracebacks of Ctrl-C.
 
@@ -72,9 +95,12 @@ class CommandConsole(ConsoleHandler):
         prefix: str,
         label: Callable[[str], str | None] | None,
         raw: bool = False,
+        errors: TextIO | None = None,
+        quiet: Callable[[str, str], bool] | None = None,
     ) -> None:
-        super().__init__(stream, colour=colour, prefix=prefix, label=label, raw=raw)
+        super().__init__(stream, colour=colour, prefix=prefix, label=label, raw=raw, errors=errors)
         self.interrupted: Callable[[], bool] = lambda: False
+        self._quiet = quiet
         #: The KeyboardInterrupt tracebacks not shown.
         self.hidden = 0
         self._held: dict[str, tuple[Source, float, list[bytes], int]] = {}
@@ -82,14 +108,18 @@ class CommandConsole(ConsoleHandler):
     def write_lines(
         self, source: Source, stream: str, level: int, created: float, text: bytes
     ) -> None:
+        if self._quiet is not None and self._quiet(source.name, stream):
+            return
         if stream != "stderr" or (source.name not in self._held and not self.interrupted()):
             super().write_lines(source, stream, level, created, text)
             return
         shown: list[bytes] = []
         for line in text.split(b"\n"):
             held = self._held.get(source.name)
+            rank = _RANK_PREFIX.match(line)
+            bare = line[rank.end() :] if rank is not None else line
             if held is None:
-                if line == _TRACEBACK:
+                if bare == _TRACEBACK:
                     self._held[source.name] = (source, created, [line], len(line))
                 else:
                     shown.append(line)
@@ -97,7 +127,7 @@ class CommandConsole(ConsoleHandler):
             _, first, lines, size = held
             lines.append(line)
             size += len(line) + 1
-            if line[:1] in (b" ", b"\t"):  # a frame of the traceback
+            if bare[:1] in (b" ", b"\t"):  # a frame of the traceback
                 if size > HELD_BYTES:
                     del self._held[source.name]
                     shown.extend(lines)
@@ -105,12 +135,17 @@ class CommandConsole(ConsoleHandler):
                     self._held[source.name] = (source, first, lines, size)
                 continue
             del self._held[source.name]  # the traceback's last line
-            if line == b"KeyboardInterrupt" or line.startswith(b"KeyboardInterrupt:"):
+            if bare == b"KeyboardInterrupt" or bare.startswith(b"KeyboardInterrupt:"):
                 self.hidden += 1
             else:
                 shown.extend(lines)
         if shown:
             super().write_lines(source, stream, level, created, b"\n".join(shown))
+
+    def write_progress(self, source: Source, stream: str | None, frame: bytes | None) -> None:
+        if self._quiet is not None and stream is not None and self._quiet(source.name, stream):
+            return
+        super().write_progress(source, stream, frame)
 
     def close(self) -> None:
         held, self._held = self._held, {}

@@ -135,6 +135,10 @@ class Output:
     allow_log_loss: bool = False
     #: Containment: the runner's cgroup, and the command as a child subreaper.
     contain: bool = True
+    #: Whether the processes' stderr lines go to the command's stderr (else to its stdout).
+    split_stderr: bool = False
+    #: Which lines (source, stream) stay off the console: torchrun's ``--redirects``.
+    quiet: Callable[[str, str], bool] | None = None
 
     @classmethod
     def of(
@@ -148,8 +152,14 @@ class Output:
         raw: bool = False,
         allow_log_loss: bool = False,
         no_contain: bool = False,
+        split_stderr: bool = False,
     ) -> Output:
-        """From the shared options, as click gives them."""
+        """From the shared options, as click gives them; ``split_stderr``: the command's default.
+
+        ``--split-stderr``/``--merge-stderr`` chooses otherwise.
+        """
+        chosen = click.get_current_context().meta.get(_SPLIT_STDERR)
+        split = split_stderr if chosen is None else bool(chosen)
         colour = False if no_color else None
         if log_dir is not None:
             try:
@@ -168,6 +178,7 @@ class Output:
             raw=raw,
             allow_log_loss=allow_log_loss,
             contain=not no_contain,
+            split_stderr=split,
         )
 
 
@@ -178,6 +189,14 @@ RAW_OPTION = click.option(
     help="Write the processes' text as it is, escape sequences and all (by default only "
     "colours and progress bars reach the terminal; see docs/howto/logging).",
 )
+
+
+#: Where ``--split-stderr``/``--merge-stderr`` leaves its choice (in the click context's meta).
+_SPLIT_STDERR = "corral.split_stderr"
+
+
+def _remember_split(ctx: click.Context, _param: click.Parameter, value: bool | None) -> None:
+    ctx.meta[_SPLIT_STDERR] = value
 
 
 def output_options(func: Any) -> Any:
@@ -197,6 +216,14 @@ def output_options(func: Any) -> Any:
                 "full disk); by default such a run that succeeded exits 1.",
             ),
             click.option("--no-prefix", is_flag=True, help="Show the lines as they are."),
+            click.option(
+                "--split-stderr/--merge-stderr",
+                default=None,
+                expose_value=False,
+                callback=_remember_split,
+                help="The processes' stderr lines on stderr and their stdout lines on stdout "
+                "(corral run's default, as torchrun), or both on stdout (corral up's, as honcho).",
+            ),
             click.option("--no-color", is_flag=True, help="No colours, even on a terminal."),
             RAW_OPTION,
             click.option("--no-status", is_flag=True, help="No live status table under the lines."),

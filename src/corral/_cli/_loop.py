@@ -181,6 +181,8 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
         prefix="relative" if output.prefix else "none",
         label=job.label,
         raw=output.raw,
+        errors=sys.stderr if output.split_stderr else None,
+        quiet=output.quiet,
     )
     console.setLevel(logging.INFO)
     status = Status(grace=job.grace)

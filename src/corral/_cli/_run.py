@@ -30,6 +30,14 @@ from ._io import exit_code, say, shorten
 from ._loop import Status, main_loop
 from ._procfile import EnvFileError, parse_env_file, read_input_file
 from ._status import describe_failure
+from ._torchrun import (
+    TorchrunCommand,
+    check_nodes,
+    parse_endpoint,
+    parse_nnodes,
+    parse_rdzv_backend,
+    parse_std_streams,
+)
 
 if TYPE_CHECKING:
     from corral import SSH, Runner
@@ -45,71 +53,6 @@ Examples:
   corral run -n 2 --max-restarts 3 -- ./worker.sh     (restarts on failure)
   corral run -n auto --env DATASET_SIZE=256 -- python train.py
 """
-
-#: torchrun's flags that corral has no flag for, and what to do instead (each
-#: spelling: torchrun takes ``--a-b`` and ``--a_b`` alike).
-TORCHRUN_FLAGS: dict[str, str] = {
-    "--nnodes": "give the hosts instead: --hosts H1,H2 (or --hosts slurm); one corral run "
-    "starts the workers of every host",
-    "--node-rank": "one corral run starts every host's workers: give them all with --hosts "
-    "H1,H2 (or --hosts slurm)",
-    "--master-addr": "corral sets MASTER_ADDR (the first host) itself",
-    "--master-port": "corral picks a free MASTER_PORT itself",
-    "--rdzv-backend": "there is no rendezvous: corral starts every worker itself (--hosts for "
-    "several hosts)",
-    "--rdzv-endpoint": "there is no rendezvous: corral starts every worker itself (--hosts for "
-    "several hosts)",
-    "--rdzv-id": "there is no rendezvous: corral makes TORCHELASTIC_RUN_ID itself",
-    "--rdzv-conf": "there is no rendezvous: corral starts every worker itself",
-    "--monitor-interval": "corral does not poll: a worker's exit is seen at once",
-    "--redirects": "every line is shown with its source, and --log-dir also writes each "
-    "source's lines to files",
-    "-r": "every line is shown with its source, and --log-dir also writes each source's "
-    "lines to files",
-    "--tee": "every line is shown with its source, and --log-dir also writes each source's "
-    "lines to files",
-    "-t": "every line is shown with its source, and --log-dir also writes each source's lines "
-    "to files",
-    "--role": "ROLE_NAME is 'default'; pass settings of your own with --env NAME=VALUE",
-    "--local-addr": "agents dial back to this machine's address on the route to each host",
-    "--start-method": "each worker runs the command as a process of its own",
-    "--shutdown-timeout": "use --grace SECONDS (the time between the stop signal and SIGKILL)",
-    "--signals-to-handle": "corral stops every worker on SIGINT, SIGTERM and SIGHUP",
-    "-m": "put the module in the command: corral run -- python -m MODULE",
-    "--module": "put the module in the command: corral run -- python -m MODULE",
-    "--no-python": "corral runs the command as given: corral run -- ./program",
-    "--run-path": "give the interpreter: corral run -- python SCRIPT",
-    "--event-log-handler": "corral's own records go to its console and --log-dir",
-    "--logs-specs": "--log-dir writes each source's lines to files",
-    "--numa-binding": "bind in the command itself: corral run -- numactl ... python SCRIPT",
-    "--virtual-local-rank": "set CUDA_VISIBLE_DEVICES in the command from LOCAL_RANK",
-    "--duplicate-stdout-filters": "--log-dir writes every line to files: grep them",
-    "--duplicate-stderr-filters": "--log-dir writes every line to files: grep them",
-}
-
-
-def torchrun_hint(option: str) -> str | None:
-    """The one-line answer to torchrun's ``option`` (either spelling), if corral has none."""
-    name = option.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
-    why = TORCHRUN_FLAGS.get(name)
-    if why is None:
-        return None
-    return f"{option.split('=', 1)[0]} is a torchrun option that corral run does not have; {why}"
-
-
-class _RunCommand(click.Command):
-    """``corral run``: an option of torchrun's that corral lacks says what to do instead."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:
-            hint = torchrun_hint(exc.option_name)
-            if hint is None:
-                raise
-            raise click.UsageError(hint, ctx) from None
 
 
 class _Nproc(click.ParamType[int]):
@@ -136,7 +79,7 @@ class _Nproc(click.ParamType[int]):
 
 
 @click.command(
-    cls=_RunCommand,
+    cls=TorchrunCommand,
     context_settings={**CONTEXT, "allow_interspersed_args": False},
     epilog=_EXAMPLES_RUN,
 )
@@ -235,9 +178,94 @@ class _Nproc(click.ParamType[int]):
     callback=lambda _ctx, _param, value: _rank_list(value, "--local-ranks-filter"),
     help="torchrun's filter: show only these local ranks (on every host) on the console.",
 )
+@click.option(
+    "--nnodes",
+    metavar="1|N|MIN:MAX",
+    callback=lambda _ctx, _param, value: parse_nnodes(value),
+    help="torchrun's: 1 (or 1:1) on this machine; with --hosts, their number.",
+)
+@click.option(
+    "--node-rank",
+    "--node_rank",
+    "node_rank",
+    type=click.IntRange(min=0),
+    help="torchrun's: 0 (one corral run starts every node's workers).",
+)
+@click.option(
+    "--master-addr",
+    "--master_addr",
+    "master_addr",
+    callback=text_option,
+    help="MASTER_ADDR for every worker, where rank 0 serves the store (default: this "
+    "machine, or the first host).",
+)
+@click.option(
+    "--master-port",
+    "--master_port",
+    "master_port",
+    type=click.IntRange(1, 65535),
+    help="MASTER_PORT for every worker (default: a port that was free).",
+)
+@click.option(
+    "--rdzv-backend",
+    "--rdzv_backend",
+    "rdzv_backend",
+    callback=lambda _ctx, _param, value: parse_rdzv_backend(value),
+    help="torchrun's c10d or static: accepted; corral starts every worker itself.",
+)
+@click.option(
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "rdzv_endpoint",
+    metavar="HOST[:PORT]",
+    callback=lambda _ctx, _param, value: parse_endpoint(value),
+    help="torchrun's: MASTER_ADDR and MASTER_PORT for every worker (port 0: a free one).",
+)
+@click.option(
+    "--rdzv-id",
+    "--rdzv_id",
+    "rdzv_id",
+    callback=text_option,
+    help="torchrun's: the run's TORCHELASTIC_RUN_ID (default: a fresh uuid4).",
+)
+@click.option(
+    "-t",
+    "--tee",
+    "tee",
+    metavar="0-3|L:S,...",
+    callback=lambda _ctx, _param, value: parse_std_streams(value, "--tee"),
+    help="torchrun's: every line is shown anyway, and also goes to files "
+    "(--log-dir, or a new folder in the temporary directory).",
+)
+@click.option(
+    "-r",
+    "--redirects",
+    "redirects",
+    metavar="0-3|L:S,...",
+    callback=lambda _ctx, _param, value: parse_std_streams(value, "--redirects"),
+    help="torchrun's: these streams (1 stdout, 2 stderr, 3 both) of every local rank, or of "
+    "rank L, go to the files alone, not the console.",
+)
 @output_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(
+def run(**params: Any) -> None:
+    """Run COMMAND NPROC times per host, as torchrun would, and show every line.
+
+    Each copy gets torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+    TORCHELASTIC_ERROR_FILE..., and OMP_NUM_THREADS=1 unless it is set.
+    Copies on other hosts get this shell's environment too, but for
+    host-specific names (HOME, USER, SSH_*...).  A COMMAND that starts with a
+    .py file runs it with this Python, as torchrun runs its script.  Their
+    stdout lines go to stdout, their stderr lines to stderr, as under
+    torchrun.  The exit code is 0 when every copy succeeded, otherwise the
+    first failure's (128 + N for a signal N); 130 after Ctrl-C.  Put the
+    command after "--" (or after the options).
+    """
+    main_loop(*plan_run(**params))
+
+
+def plan_run(
     nproc: int | None,
     hosts: str | None,
     name: str,
@@ -262,20 +290,22 @@ def run(
     monitor: str | None,
     no_contain: bool,
     command: tuple[str, ...],
-) -> None:
-    """Run COMMAND NPROC times per host, as torchrun would, and show every line.
+    nnodes: tuple[str, int, int] | None = None,
+    node_rank: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    rdzv_backend: str | None = None,
+    rdzv_endpoint: tuple[str, int | None] | None = None,
+    rdzv_id: str | None = None,
+    tee: dict[int | None, frozenset[str]] | None = None,
+    redirects: dict[int | None, frozenset[str]] | None = None,
+) -> tuple[str, Output, _RunJob]:
+    """What ``corral run`` runs, from its options: the run's name, its output and the job.
 
-    Each copy gets torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE,
-    LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-    TORCHELASTIC_ERROR_FILE..., and OMP_NUM_THREADS=1 unless it is set.
-    Copies on other hosts get this shell's environment too, but for
-    host-specific names (HOME, USER, SSH_*...).  A COMMAND that starts with a
-    .py file runs it with this Python, as torchrun runs its script.  The exit
-    code is 0 when every copy succeeded, otherwise the first failure's
-    (128 + N for a signal N); 130 after Ctrl-C.  Put the command after "--"
-    (or after the options).
+    Everything is checked here, before anything starts (a usage error is one
+    line); ``run`` then runs it.
     """
-    del standalone  # one corral run starts every worker itself: nothing to stand alone from
+    del standalone, rdzv_backend  # one corral run starts every worker: no rendezvous to pick
     if restart == "never" and max_restarts is not None:
         raise click.UsageError(
             "--max-restarts restarts on failure: it cannot go with --restart never"
@@ -315,6 +345,17 @@ def run(
             slurm_hosts()
         except (RuntimeError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
+    check_nodes(nnodes, node_rank, host_list)
+    if rdzv_endpoint is not None:  # torchrun's rule: the endpoint, else the master's address
+        master_addr, master_port = rdzv_endpoint[0], rdzv_endpoint[1] or master_port
+    if (tee or redirects) and log_dir is None:
+        import tempfile  # as torchrun does: the files go to a folder of their own
+
+        log_dir = tempfile.mkdtemp(prefix="corral-logs-")
+        say(
+            f"corral: {'--tee' if tee else '--redirects'}: every line also goes to files under "
+            f"{log_dir} (--log-dir DIR chooses the folder)"
+        )
     output = Output.of(
         log_dir,
         no_prefix,
@@ -324,7 +365,12 @@ def run(
         raw=raw,
         allow_log_loss=allow_log_loss,
         no_contain=no_contain,
+        split_stderr=True,
     )
+    if redirects:
+        from ._console import redirected
+
+        output.quiet = redirected(redirects)
     if (nproc or 1) > 1 and "OMP_NUM_THREADS" not in os.environ | extra_env:
         # As torchrun does, and says: once, before anything starts.
         from .._launch._torchenv import OMP_NOTICE
@@ -346,8 +392,11 @@ def run(
         link_timeout,
         extra_env,
     )
+    job.master_addr, job.master_port = master_addr, master_port
+    if rdzv_id is not None:
+        job.run_id = rdzv_id  # torchrun's TORCHELASTIC_RUN_ID is its --rdzv-id
     job.label = rank_label(_per_host(nproc, host_list), ranks, local_ranks)
-    main_loop(name, output, job)
+    return name, output, job
 
 
 def _extra_env(env_files: tuple[str, ...], env_vars: tuple[str, ...]) -> dict[str, str]:
@@ -405,6 +454,9 @@ class _RunJob:
     grace: float
     link_timeout: float
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: The rendezvous address every worker sees, if not corral's choice.
+    master_addr: str | None = None
+    master_port: int | None = None
     #: The run's id for every attempt, as torchrun keeps one across restarts.
     run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     #: The console's label of each source (the global rank), set by the command.
@@ -445,6 +497,8 @@ class _RunJob:
                     ssh=self.ssh,
                     grace=self.grace,
                     link_timeout=self.link_timeout,
+                    master_addr=self.master_addr,
+                    master_port=self.master_port,
                 )
                 return 0
             except corral.WorkerFailed as failure:

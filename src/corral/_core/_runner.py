@@ -432,6 +432,13 @@ class Runner:
                 handlers and routes choose what to keep.
             host_log_dir: a folder on each remote host for its agent's log
                 files (every record, whatever ``log_level``).
+            backend: the process group each worker initialises before the
+                function runs and destroys after (torchrunx's ``backend=``):
+                ``"gloo"``, ``"nccl"``, ``"mpi"``, ``"ucc"``, ``"xccl"`` or
+                ``"auto"`` (NCCL where CUDA is, else Gloo); ``None``: none.
+            process_group_timeout: its ``timeout``, in seconds.
+            master_addr, master_port: the ``MASTER_ADDR`` and ``MASTER_PORT``
+                every worker sees, instead of corral's choice.
 
         Raises:
             TypeError, ValueError: bad arguments (an empty host list, a wrong

@@ -87,6 +87,12 @@ async def launch(
     for notice in plan.notices:
         ctx.logs.warn(notice)
     if argv is not None:
+        if plan.backend is not None:
+            raise ValueError(
+                f"backend={plan.backend!r} initialises a process group for a function; a "
+                "command initialises its own (torch.distributed.init_process_group), as under "
+                "torchrun"
+            )
         plan.argv = check_argv(argv)
         payload = b""
     else:

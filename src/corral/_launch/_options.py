@@ -20,7 +20,10 @@ from ._hosts import SSH
 
 __all__ = [
     "DEFAULT_LINK_TIMEOUT",
+    "DEFAULT_PROCESS_GROUP_TIMEOUT",
     "DEFAULT_START_TIMEOUT",
+    "EVENT_LOOPS",
+    "PROCESS_GROUP_BACKENDS",
     "LaunchKeywords",
     "LaunchOptions",
     "LaunchSpec",
@@ -30,12 +33,19 @@ __all__ = [
 DEFAULT_START_TIMEOUT = 60.0
 #: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
 DEFAULT_LINK_TIMEOUT = _link.DEFAULT_LINK_TIMEOUT
+#: The process-group backends of a launch's ``backend=`` (torchrunx's, torch's), and "auto".
+PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc", "xccl", "auto")
+#: What the ``backend=`` of a blocking runner names instead: its event loop.
+EVENT_LOOPS: Final = ("asyncio", "trio")
+#: Seconds of the process group's timeout (``backend=``): torchrunx's ``worker_timeout``.
+DEFAULT_PROCESS_GROUP_TIMEOUT = 600.0
 
 
 class LaunchKeywords(TypedDict, total=False):
-    """The keywords of a launch but ``grace``, which :func:`corral.launch` takes as the runner's.
+    """The keywords of a launch but ``grace`` and ``backend``, which :func:`corral.launch` spells
+    its own way (``grace`` is the runner's; ``backend`` names the event loop or the process group).
 
-    :class:`LaunchOptions` adds it; :func:`corral.launch`'s keywords are these
+    :class:`LaunchOptions` adds them; :func:`corral.launch`'s keywords are these
     and the runner's.
     """
 
@@ -50,6 +60,9 @@ class LaunchKeywords(TypedDict, total=False):
     link_timeout: float
     log_level: int
     host_log_dir: str | None
+    process_group_timeout: float
+    master_addr: str | None
+    master_port: int | None
 
 
 class LaunchOptions(LaunchKeywords, total=False):
@@ -64,6 +77,7 @@ class LaunchOptions(LaunchKeywords, total=False):
     """
 
     grace: float | None
+    backend: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +98,11 @@ class LaunchSpec:
     link_timeout: float = DEFAULT_LINK_TIMEOUT
     log_level: int = logging.NOTSET
     host_log_dir: str | None = None
+    process_group_timeout: float = DEFAULT_PROCESS_GROUP_TIMEOUT
+    master_addr: str | None = None
+    master_port: int | None = None
     grace: float | None = None
+    backend: str | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any], what: str) -> LaunchSpec:

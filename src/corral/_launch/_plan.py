@@ -18,10 +18,17 @@ from ._hosts import (
     slurm_hosts,
     slurm_workers_per_host,
 )
-from ._options import LaunchSpec
+from ._options import EVENT_LOOPS, PROCESS_GROUP_BACKENDS, LaunchSpec
 from ._torchenv import OMP_NOTICE, launch_variables
+from ._worker import PROCESS_GROUP
 
-__all__ = ["Plan", "job_for", "make_plan", "pickle_job"]
+__all__ = [
+    "Plan",
+    "check_backend",
+    "job_for",
+    "make_plan",
+    "pickle_job",
+]
 
 
 @dataclass
@@ -40,6 +47,9 @@ class Plan:
     argv: list[str] = field(default_factory=list)  # a command, not a function
     firsts: list[int] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)  # for the runner's log, once it starts
+    backend: str | None = None  # the process group the workers initialise
+    master_addr: str | None = None  # the rendezvous address, if not corral's choice
+    master_port: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -109,6 +119,25 @@ def make_plan(default_grace: float, spec: LaunchSpec) -> Plan:
     if not (math.isfinite(start_timeout) and start_timeout > 0):
         raise ValueError(f"start_timeout must be a positive number of seconds, not {start_timeout}")
     link_timeout = _link.check_link_timeout(link_timeout)
+    backend = check_backend(spec.backend)
+    group_timeout = spec.process_group_timeout
+    if isinstance(group_timeout, bool) or not isinstance(group_timeout, (int, float)):
+        raise TypeError(f"process_group_timeout must be a number of seconds, not {group_timeout!r}")
+    if not (math.isfinite(group_timeout) and group_timeout > 0):
+        raise ValueError(
+            f"process_group_timeout must be a positive number of seconds, not {group_timeout}"
+        )
+    master_addr, master_port = spec.master_addr, spec.master_port
+    if master_addr is not None and (
+        not isinstance(master_addr, str) or not master_addr or not master_addr.isprintable()
+    ):
+        raise ValueError(f"master_addr must be a host name or an address, not {master_addr!r}")
+    if master_port is not None and (
+        isinstance(master_port, bool)
+        or not isinstance(master_port, int)
+        or not 0 < master_port < 65536
+    ):
+        raise ValueError(f"master_port must be a TCP port, 1 to 65535, not {master_port!r}")
     # Workers here inherit the launcher's environment: torchrun's variables
     # and extra_env (with its removals) go on top.  Remote ones get the
     # launcher's variables as forward_env says, under the same.
@@ -118,6 +147,8 @@ def make_plan(default_grace: float, spec: LaunchSpec) -> Plan:
     torch_env, omp_defaulted = launch_variables(max(counts), extra_env)
     env.update(torch_env)
     env.update(extra_env or {})
+    if backend is not None:
+        env[PROCESS_GROUP] = f"{backend} {float(group_timeout)!r}"
     plan = Plan(
         hosts=names,
         counts=counts,
@@ -131,12 +162,41 @@ def make_plan(default_grace: float, spec: LaunchSpec) -> Plan:
         log_level=log_level,
         host_log_dir=host_log_dir,
         notices=[OMP_NOTICE] if omp_defaulted else [],
+        backend=backend,
+        master_addr=master_addr,
+        master_port=master_port,
     )
     first = 0
     for count in counts:
         plan.firsts.append(first)
         first += count
     return plan
+
+
+def check_backend(backend: object) -> str | None:
+    """A launch's ``backend=``: the process group its workers initialise, or ``None``.
+
+    torch's own form of several (``"cpu:gloo,cuda:nccl"``) is taken as well.
+    An event loop's name is the other ``backend=``, of :func:`corral.launch`
+    and :func:`corral.open_runner_sync`: the message says so.
+    """
+    if backend is None:
+        return None
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a process-group backend such as 'gloo', not {backend!r}")
+    if backend in EVENT_LOOPS:
+        raise ValueError(
+            f"backend={backend!r} is an event loop: give it to open_runner_sync(backend="
+            f"{backend!r}) or corral.launch(..., backend={backend!r}); a launch's backend= is "
+            "the process group its workers initialise ('gloo', 'nccl', 'mpi', 'ucc', 'auto')"
+        )
+    names = [part.rpartition(":")[2] for part in backend.split(",")]
+    if backend != "auto" and not all(n in PROCESS_GROUP_BACKENDS[:-1] for n in names):
+        raise ValueError(
+            f"backend={backend!r} is not a process-group backend: 'gloo', 'nccl', 'mpi', "
+            "'ucc', 'xccl', 'auto' (NCCL where CUDA is, else Gloo) or None (no process group)"
+        )
+    return backend
 
 
 def _is_utf8(text: str) -> bool:
@@ -169,8 +229,8 @@ def job_for(plan: Plan, host: int, payload: bytes, master_addr: str, master_port
         workers=plan.counts[host],
         group_rank=host,
         groups=len(plan.hosts),
-        master_addr=master_addr,
-        master_port=master_port,
+        master_addr=plan.master_addr or master_addr,
+        master_port=plan.master_port or master_port,
         env=plan.env,
         grace=plan.grace,
         log_level=plan.log_level,

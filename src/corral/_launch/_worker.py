@@ -9,6 +9,13 @@ function, and writes the outcome — the pickled return value, or the
 exception — as one frame of the link protocol (:mod:`corral._launch._link`) to the
 descriptor named by ``CORRAL_RESULT_FD``.
 
+With ``CORRAL_PROCESS_GROUP`` set (a launch's ``backend=``, as
+``"gloo 600.0"``: the backend and the timeout in seconds) it initialises
+torch's default process group before the function runs (``env://``: the
+torchrun variables say where rank 0's store is), as torchrunx does, and
+destroys it once the function has returned; torch is imported then, and only
+then.  A failed worker's group ends with its process.
+
 An exception is sent pickled only if it survives a pickle round trip here
 (an exception whose ``__init__`` takes other arguments than its message may
 not); otherwise as its type name, message and traceback text, which the
@@ -26,9 +33,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from . import _link
 
-__all__ = ["main"]
+__all__ = ["PROCESS_GROUP", "main"]
 
 RESULT_FD = "CORRAL_RESULT_FD"
+#: The process group to initialise before the function runs: ``"<backend> <seconds>"``.
+PROCESS_GROUP = "CORRAL_PROCESS_GROUP"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -41,6 +50,7 @@ def main() -> int:
     from . import _link
 
     fd = int(os.environ.pop(RESULT_FD))
+    group = os.environ.pop(PROCESS_GROUP, None)  # not the function's, nor its children's
     os.set_inheritable(fd, False)  # the function's own children must not hold it
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     payload = sys.stdin.buffer.read()
@@ -65,9 +75,13 @@ def main() -> int:
                 "__main__, or call cloudpickle.register_pickle_by_value(module) in the launcher"
             )
             raise
+        if group is not None:
+            _init_process_group(group)
         value = func(*args)
+        if group is not None:
+            _destroy_process_group()
     except BaseException as exc:  # report everything, even SystemExit
-        outcome: _link.LinkMessage = _error(local_rank, exc)
+        outcome: _link.LinkMessage = _error(local_rank, exc, group)
         code = 1
     else:
         try:
@@ -75,7 +89,7 @@ def main() -> int:
             code = 0
         except Exception as exc:
             exc.add_note(f"the return value of rank {os.environ.get('RANK')} could not be pickled")
-            outcome = _error(local_rank, exc)
+            outcome = _error(local_rank, exc, group)
             code = 1
     sys.stdout.flush()
     sys.stderr.flush()
@@ -84,9 +98,46 @@ def main() -> int:
     return code
 
 
-def _error(local_rank: int, exc: BaseException) -> _link.WorkerError:
+def _init_process_group(group: str) -> None:
+    """torchrunx's set-up: ``init_process_group`` with the launch's backend and timeout."""
+    import datetime
 
-    text = "".join(traceback.format_exception(exc))
+    import torch.distributed as dist
+
+    backend, _, seconds = group.rpartition(" ")
+    if backend == "auto":  # torchrunx 0.2's "auto": NCCL where CUDA is, else Gloo
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=float(seconds)))
+    except BaseException as exc:
+        exc.add_note(f"corral: while initialising the process group (backend={backend!r})")
+        raise
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the function may have destroyed it itself
+        dist.destroy_process_group()
+
+
+#: What torch says when a collective runs without a process group.
+_NO_PROCESS_GROUP = "process group has not been initialized"
+
+
+def _error(local_rank: int, exc: BaseException, group: str | None) -> _link.WorkerError:
+    if group is None and _NO_PROCESS_GROUP in str(exc):
+        exc.add_note(
+            "corral: this launch initialised no process group: launch it with "
+            'backend="gloo" (or "nccl", "auto"), as torchrunx\'s backend=, and each worker '
+            "initialises one before the function runs"
+        )
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next  # this module's frames: the function's are what the user reads
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
     payload: bytes | None
     try:
         payload = pickle.dumps(exc)

@@ -46,6 +46,13 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     or ``None`` to keep that source's lines, records and bars off this
     console (``corral run --ranks``).  Other handlers are not affected.
 
+    ``errors``, if given, is where the lines children wrote to their stderr
+    go, with the same prefix (coloured if ``errors`` is a terminal and
+    colour is not off), as torchrun's workers' stderr reaches its stderr:
+    ``corral run ... 2> err.log`` keeps the tracebacks.  Everything else
+    (stdout lines, records, bars, the footer) goes to ``stream``.  Without
+    it, every line goes to ``stream``, merged as honcho merges them.
+
     The pinned lines (bars, and a footer such as the ``corral`` command's
     status table) take at most a third of the terminal's height, and never a
     line wider than it.  When the terminal is resized they are cleared as a
@@ -62,6 +69,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         prefix: str = "source",
         label: Callable[[str], str | None] | None = None,
         raw: bool = False,
+        errors: TextIO | None = None,
     ) -> None:
         logging.StreamHandler.__init__(self, stream if stream is not None else sys.stderr)
         #: Whether children's text is written as it is (see above).
@@ -80,6 +88,19 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         self._footer: list[bytes] = []
         self._stamps = Stamps("%H:%M:%S")
         self._styles: _Styles | None = _Styles() if colour else None
+        #: Where children's stderr lines go (``None``: :attr:`stream`).
+        self.errors = errors
+        self._errors_terminal = _isatty(errors)
+        if errors is None:
+            errors_colour = False
+        elif colour is None:
+            errors_colour = self._errors_terminal and "NO_COLOR" not in os.environ
+        else:
+            errors_colour = colour
+        self._errors_colour = errors_colour
+        #: The colours of the errors stream when it alone has colours, and its prefixes.
+        self._errors_styles = _Styles() if errors_colour and not colour else None
+        self._error_prefixes: dict[tuple[str, int], bytes] = {}
         self._prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         #: Each bar: its prefix as drawn (coloured), as text, and the bar's text.
         self._bars: OrderedDict[tuple[str, str | None], tuple[bytes, str, str]] = OrderedDict()
@@ -166,10 +187,47 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         prefixes = self._source_prefix(source.name, created)
         if prefixes is None:
             return
-        prefix = prefixes[0]
         if not self.raw:
             text = terminal_bytes(text)
+        if stream == "stderr" and self.errors is not None:
+            self._write_errors(self._errors_prefix(prefixes, source.name, created), text)
+            return
+        prefix = prefixes[0]
         self._write(prefix + text.replace(b"\n", b"\n" + prefix) + b"\n")
+
+    def _errors_prefix(self, prefixes: tuple[bytes, bytes], source: str, created: float) -> bytes:
+        """The prefix of a line on :attr:`errors`: coloured there only if it is a terminal."""
+        if not self._errors_colour or self.prefix == "none":
+            return prefixes[1]
+        if self._styles is not None:
+            return prefixes[0]
+        styles = self._errors_styles
+        assert styles is not None  # coloured on the errors stream alone
+        key = (source, int(created))
+        cached = self._error_prefixes.get(key)
+        if cached is None:
+            if len(self._error_prefixes) > 4096:
+                self._error_prefixes.clear()
+            shown = self._shown(source) or source
+            cached = f"{styles.dim(self._stamps(created))} {styles.source(shown)} | ".encode()
+            self._error_prefixes[key] = cached
+        return cached
+
+    def _write_errors(self, prefix: bytes, text: bytes) -> None:
+        """Lines for :attr:`errors`; the pinned lines make way if they are on its terminal."""
+        data = prefix + text.replace(b"\n", b"\n" + prefix) + b"\n"
+        with self._write_lock:
+            shared = self.terminal and self._errors_terminal
+            pinned = shared and bool(self._drawn)
+            if pinned:
+                self._raw(_controls().clear_lines(self._rows()))
+                self._drawn = []
+            try:
+                _write_raw(self.errors, data)
+            except (OSError, ValueError):
+                pass  # nobody reads it any more
+            if pinned or (shared and self._bars):
+                self._redraw(b"")
 
     def write_wire(self, source: Source, records: list[Record]) -> None:
         styles = self._styles
@@ -319,15 +377,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         self._raw(b"".join(out))
 
     def _raw(self, data: bytes) -> None:
-        stream = self.stream
-        buffer = getattr(stream, "buffer", None)
-        if buffer is not None:
-            stream.flush()
-            buffer.write(data)
-            buffer.flush()
-        else:
-            stream.write(data.decode("utf-8", "replace"))
-            stream.flush()
+        _write_raw(self.stream, data)
 
     def flush_block(self) -> None:
         pass  # every write is flushed
@@ -340,6 +390,28 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
             self._bars.clear()
             self._footer = []
         super().close()
+
+
+def _write_raw(stream: TextIO | None, data: bytes) -> None:
+    """``data`` to ``stream``, through its bytes buffer if it has one; flushed."""
+    if stream is None:
+        return
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        stream.flush()
+        buffer.write(data)
+        buffer.flush()
+    else:
+        stream.write(data.decode("utf-8", "replace"))
+        stream.flush()
+
+
+def _isatty(stream: TextIO | None) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):
+        return False
 
 
 #: What is not text on a terminal: escape sequences and control characters.

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import os
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -21,7 +23,7 @@ import anyio
 from .._core._runner import Runner, open_runner
 from .._errors import CorralError, WrongLoopError
 
-__all__ = ["INTERRUPT_SLACK", "Portal"]
+__all__ = ["INTERRUPT_SLACK", "Portal", "hide_internal_frames"]
 
 T = TypeVar("T")
 
@@ -295,3 +297,36 @@ class _Call:
 def _kill_all(runner: Runner) -> None:
     for proc in runner.processes:
         proc.kill()
+
+
+#: Where the frames :func:`hide_internal_frames` takes out come from: corral's own
+#: code, and the futures a blocking call waits on.
+_INTERNAL = (
+    os.path.dirname(os.path.dirname(__file__)) + os.sep,
+    os.path.dirname(concurrent.futures.__file__) + os.sep,
+)
+
+
+def hide_internal_frames(exc: BaseException) -> None:
+    """Take the frames of corral's own code out of ``exc``'s traceback, before a bare ``raise``.
+
+    As Trio takes its own frames out of what ``trio.run`` raises: an error
+    a worker raised, re-raised by :func:`corral.launch`, shows the caller's
+    frames down to the call it made and (in its ``__cause__``) the worker's
+    traceback, not the launcher's machinery.  A bare ``raise`` adds no
+    frame of its own.  Frames of other code in between are kept, in order.
+    Only an :class:`Exception`'s: a :class:`KeyboardInterrupt` may still be
+    travelling up the runner's own thread.
+    """
+    if not isinstance(exc, Exception):
+        return
+    kept: list[tuple[types.FrameType, int, int]] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_INTERNAL):
+            kept.append((tb.tb_frame, tb.tb_lasti, tb.tb_lineno))
+        tb = tb.tb_next
+    rebuilt: types.TracebackType | None = None
+    for frame, lasti, lineno in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, frame, lasti, lineno)
+    exc.__traceback__ = rebuilt

@@ -16,13 +16,14 @@ from .._errors import CorralError
 from .._launch._options import LaunchOptions
 from .._results import CompletedProcess, LaunchResult
 from ._handles import SyncProcess
-from ._portal import Portal
+from ._portal import Portal, hide_internal_frames
 
 __all__ = ["SyncRunner", "launch", "open_runner_sync"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The event loops of ``backend=``; any other name is a launch's process group (torchrunx's).
 _BACKENDS = ("asyncio", "trio")
 
 
@@ -88,7 +89,11 @@ class SyncRunner:
         keywords = _keywords(open_runner)
         _check_keywords(options, keywords, "open_runner_sync")
         if backend not in _BACKENDS:
-            raise ValueError(f'backend must be "asyncio" or "trio", not {backend!r}')
+            raise ValueError(
+                f'backend must be "asyncio" or "trio", the event loop, not {backend!r}; a '
+                "process group's backend (torchrunx's) goes to the launch: "
+                f"r.launch(func, backend={backend!r})"
+            )
         if options.get("handle_signals"):
             raise ValueError(
                 "a blocking runner's loop runs on a helper thread, where Python delivers no "
@@ -222,7 +227,11 @@ class SyncRunner:
         child and every other one before :class:`KeyboardInterrupt` comes out.
         """
         self._portal.note_grace(options.get("grace"))
-        return self._portal.call("Runner.run", lambda r: r.run(argv, input=input, **options))
+        try:
+            return self._portal.call("Runner.run", lambda r: r.run(argv, input=input, **options))
+        except BaseException as exc:
+            hide_internal_frames(exc)
+            raise
 
     @_same_keywords(Runner.launch)
     def launch(
@@ -230,7 +239,11 @@ class SyncRunner:
     ) -> LaunchResult[T]:
         """Run ``func(*args)`` on every worker as :meth:`Runner.launch` does (same options)."""
         self._portal.note_grace(options.get("grace"))
-        return self._portal.call("Runner.launch", lambda r: r.launch(func, *args, **options))
+        try:
+            return self._portal.call("Runner.launch", lambda r: r.launch(func, *args, **options))
+        except BaseException as exc:
+            hide_internal_frames(exc)
+            raise
 
     @_same_keywords(Runner.launch_command)
     def launch_command(
@@ -238,9 +251,13 @@ class SyncRunner:
     ) -> LaunchResult[CompletedProcess]:
         """Run the command on every worker as :meth:`Runner.launch_command` does."""
         self._portal.note_grace(options.get("grace"))
-        return self._portal.call(
-            "Runner.launch_command", lambda r: r.launch_command(argv, **options)
-        )
+        try:
+            return self._portal.call(
+                "Runner.launch_command", lambda r: r.launch_command(argv, **options)
+            )
+        except BaseException as exc:
+            hide_internal_frames(exc)
+            raise
 
 
 @_same_keywords(open_runner)
@@ -271,7 +288,7 @@ def launch(
     /,
     *args: Any,
     hostnames: Sequence[str] | str | None = None,
-    backend: str = "asyncio",
+    backend: str | None = "asyncio",
     **options: Unpack[RunnerLaunchOptions],
 ) -> LaunchResult[T]:
     """Run ``func(*args)`` on every worker and return their results: one blocking call.
@@ -296,39 +313,40 @@ def launch(
             (``SLURM_JOB_ID`` set) and this machine elsewhere, and
             ``["localhost"]`` is this machine (no ssh).  Give one of
             ``hosts`` and ``hostnames``.
-        backend: ``"asyncio"`` or ``"trio"``, the event loop to run on
-            (torchrunx's ``backend="nccl"``/``"gloo"`` is refused with a
-            message saying what to do: call
-            ``torch.distributed.init_process_group`` in the function).
+        backend: ``"asyncio"`` (the default) or ``"trio"``, the event loop to
+            run on; or, as torchrunx's ``backend=``, the process group each
+            worker initialises before the function runs (``"gloo"``,
+            ``"nccl"``, ``"mpi"``, ``"ucc"``, ``"auto"``: :meth:`Runner.launch`'s
+            ``backend=``), on the asyncio loop; ``None`` (torchrunx's "no
+            process group") is the default loop without one.  The two kinds
+            of names never collide.
         options: the keywords of :func:`open_runner` (``name``, ``grace``,
             ``console``, ``log_dir``...) and of :meth:`Runner.launch`
             (``hosts``, ``workers_per_host``, ``extra_env``, ``ssh``,
             ``start_timeout``...); ``grace`` is the runner's, which the launch
             inherits.
     """
-    if backend in _PROCESS_GROUP_BACKENDS:
-        raise ValueError(
-            f"backend={backend!r} is torchrunx's process-group backend, but corral starts no "
-            "process group: call torch.distributed.init_process_group("
-            f"{backend!r}) in the function (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are "
-            'set); corral\'s backend= is the event loop, "asyncio" or "trio"'
-        )
+    loop = "asyncio"
     runner_keywords = _keywords(open_runner)
     runner_options: dict[str, Any] = {}
     launch_options: dict[str, Any] = {}
     for key, value in options.items():
         (runner_options if key in runner_keywords else launch_options)[key] = value
     _check_keywords(launch_options, _keywords(Runner.launch), "launch")
+    if backend in _BACKENDS:
+        loop = backend
+    elif backend is not None:
+        launch_options["backend"] = backend  # torchrunx's: the workers' process group
     if hostnames is not None:
         if launch_options.get("hosts") is not None:
             raise TypeError("give hosts or hostnames (its torchrunx spelling), not both")
         launch_options["hosts"] = _from_hostnames(hostnames)
-    with SyncRunner(backend, runner_options) as r:
-        return r.launch(func, *args, **launch_options)
-
-
-#: torchrunx's (and torch.distributed's) ``backend=`` values, which corral's ``backend=`` is not.
-_PROCESS_GROUP_BACKENDS = frozenset({"nccl", "gloo", "mpi", "ucc", "xccl", "cuda:nccl"})
+    try:
+        with SyncRunner(loop, runner_options) as r:
+            return r.launch(func, *args, **launch_options)
+    except BaseException as exc:
+        hide_internal_frames(exc)
+        raise
 
 
 def _from_hostnames(hostnames: Sequence[str] | str) -> Sequence[str] | str | None:
