@@ -5,8 +5,10 @@ without reaping, ``/proc``, ``RLIMIT_NOFILE``.  ``_backend``: the few facts of
 the running loop AnyIO has no API for (callbacks from a signal handler, the
 loop's liveness, Trio's KeyboardInterrupt protection, asyncio's native
 cancellation).  ``_childenv``: the ``CORRAL_*`` environment a child is started
-with (the child side imports it, so it is standard library only).  A port to
+with (the child side imports it, so it is standard library only).
+``_proc``: what a process tree costs (CPU, resident memory, GPU memory),
+read from ``/proc``.  A port to
 another Unix replaces this folder, and the lifeline's scan of ``/proc``.
 
-Public face: _platform, _backend, _childenv
+Public face: _platform, _backend, _childenv, _proc
 """
