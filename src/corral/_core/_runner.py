@@ -34,8 +34,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
@@ -50,6 +50,7 @@ from .._logs._router import Route
 from .._monitor._clients import MonitorSink
 from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
+from .._sys._proc import ResourceUsage
 from ._children import MAX_NAME, Children, check_name
 from ._lifeline import Lifeline
 from ._options import ProcessOptions, StartOptions, StrOrPath
@@ -87,6 +88,7 @@ class Runner:
         propagate: bool = False,
         handle_signals: bool | None = None,
         monitor: str | bool | None = None,
+        usage: bool = True,
     ) -> None:
         check_name(name, "runner")
         if "." in name:
@@ -125,7 +127,8 @@ class Runner:
             lifeline=self._lifeline,
             monitor=self._monitor,
             handle_signals=handle_signals,
-            live_count=lambda: len(self._children),
+            live=lambda: self._children.live,
+            usage=usage,
         )
         self._children = Children(
             name, hub=self._hub, scope=self._scope, grace=self._grace, stop_signal=self._stop_signal
@@ -168,6 +171,11 @@ class Runner:
         if self._monitor is None or not self._monitor.ready.is_set() or self._monitor.error:
             return None
         return self._monitor.url
+
+    @property
+    def usage(self) -> Mapping[str, ResourceUsage]:
+        """Each running child's :attr:`Process.usage` by name, and a launch's remote workers'."""
+        return MappingProxyType({} if self._scope.usage is None else self._scope.usage.latest)
 
     @property
     def received_signal(self) -> signal.Signals | None:
@@ -471,7 +479,7 @@ class Runner:
         )
 
     def _launch_context(self) -> LaunchContext:
-        return LaunchContext(start=self.start, logs=self._hub.forwarder(), grace=self._grace)
+        return LaunchContext(self.start, self._hub.forwarder(), self._grace, self._scope.usage)
 
     # -- observing ----------------------------------------------------------------------
 
@@ -525,6 +533,7 @@ def open_runner(
     propagate: bool = False,
     handle_signals: bool | None = None,
     monitor: str | bool | None = None,
+    usage: bool = True,
 ) -> Runner:
     """Create a :class:`Runner`; use it as ``async with corral.open_runner() as r:``.
 
@@ -570,6 +579,8 @@ def open_runner(
             free port.  An address that cannot be had (a port in use, an
             address this machine does not have) makes entering raise an
             :exc:`OSError` that names it and the reason, within 10 seconds.
+        usage: sample each child's CPU and memory about once a second (for
+            :attr:`Process.usage`, the monitor, ``corral``'s table); ``False``: never.
 
     Entering the runner raises :exc:`CorralError` if the system cannot give
     it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3
@@ -585,4 +596,5 @@ def open_runner(
         propagate=propagate,
         handle_signals=handle_signals,
         monitor=monitor,
+        usage=usage,
     )
