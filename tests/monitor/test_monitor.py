@@ -706,6 +706,65 @@ async def test_usage_of_a_busy_an_idle_and_a_big_process_in_the_feed() -> None:
     assert dict(r.usage) == {}
 
 
+#: A row of ``corral status``: name, state, pid, cpu, mem, the sparkline, uptime...
+STATUS_ROW = re.compile(
+    r"(?P<name>\S+)\s+(?P<state>\w+)\s+(?P<pid>\d+)\s+(?P<cpu>\d+\.\d%)\s+"
+    r"(?P<mem>\d+(?:\.\d)?[KMG])\s+(?P<spark>[▁▂▃▄▅▆▇█]+)\s+\d+:\d\d:\d\d\s+0\s+-"
+)
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_corral_status_prints_each_process_and_what_it_costs(anyio_backend: str) -> None:
+    async with monitored() as (r, readers):
+        assert r.monitor_url is not None
+        client = await MonitorClient.connect(r.monitor_url)
+        readers.append(client)
+        busy = await r.start(BUSY, name="busy")
+        idle = await r.start(IDLE, name="idle")
+
+        def telling(message: dict[str, Any]) -> bool:
+            figures = message.get("processes", {}) if message["type"] == "usage" else {}
+            return (
+                set(figures) == {"busy", "idle"}
+                and figures["busy"]["cpu"] >= 5
+                and figures["idle"]["cpu"] == 0
+            )
+
+        await client.wait_for(telling, timeout=30)
+        out = await anyio.run_process(
+            corral_argv("status", r.monitor_url), check=False, env=plain_env()
+        )
+        refused = await anyio.run_process(
+            corral_argv("status", with_query(r.monitor_url, token="wrong")), check=False
+        )
+        r.cancel()
+    assert out.returncode == 0 and out.stderr == b"", out
+    header, *lines = out.stdout.decode().splitlines()
+    assert header.split() == [
+        "name",
+        "state",
+        "pid",
+        "cpu",
+        "mem",
+        "cpu,",
+        "last",
+        "minute",
+        "uptime",
+        "restarts",
+        "exit",
+        "code",
+    ]
+    rows = {m["name"]: m for m in map(STATUS_ROW.fullmatch, lines) if m}
+    assert sorted(rows) == ["busy", "idle"], lines
+    assert rows["busy"]["pid"] == str(busy.pid) and rows["idle"]["pid"] == str(idle.pid)
+    assert float(rows["busy"]["cpu"][:-1]) > 0 and rows["idle"]["cpu"] == "0.0%"
+    assert set(rows["idle"]["spark"][1:]) == {"▁"}  # asleep since its start-up
+    assert refused.returncode == 1
+    assert refused.stdout == b""
+    assert refused.stderr.decode().count("\n") == 1 and b"refused" in refused.stderr
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_usage_false_samples_nothing(anyio_backend: str) -> None:

@@ -34,6 +34,7 @@ Examples:
   corral run -n 4 -- python train.py     (4 workers, torchrun's environment)
   corral up                              (the processes of ./Procfile)
   corral tail 'http://127.0.0.1:8765/?token=...'
+  corral status 'http://127.0.0.1:8765/?token=...'
 """
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -128,6 +129,8 @@ class Output:
     colour: bool | None
     status: bool
     monitor: str | None = None
+    #: Whether each process's CPU and memory is sampled (``--no-usage`` turns it off).
+    usage: bool = True
 
     @classmethod
     def of(
@@ -148,7 +151,9 @@ class Output:
                     f"cannot make the folder {shorten(log_dir)}: {exc.strerror or exc}",
                     param_hint="--log-dir",
                 ) from None
-        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor))
+        context = click.get_current_context(silent=True)
+        usage = not (context is not None and context.meta.get(_NO_USAGE, False))
+        return cls(log_dir, not no_prefix, colour, not no_status, _monitor(monitor), usage)
 
 
 def output_options(func: Any) -> Any:
@@ -177,10 +182,27 @@ def output_options(func: Any) -> Any:
                 metavar="HOST:PORT",
                 help="Serve a live monitor (a page and a WebSocket) here, e.g. 127.0.0.1:0.",
             ),
+            click.option(
+                "--no-usage",
+                is_flag=True,
+                expose_value=False,
+                callback=_no_usage,
+                help="Do not sample what each process costs (the table's cpu and mem columns, "
+                "the monitor's figures).",
+            ),
         ]
     ):
         func = option(func)
     return func
+
+
+#: Where ``--no-usage`` is kept, in the command's context (read by :meth:`Output.of`).
+_NO_USAGE = "corral.no_usage"
+
+
+def _no_usage(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    ctx.meta[_NO_USAGE] = value
+    return value
 
 
 def _monitor(address: str | None) -> str | None:

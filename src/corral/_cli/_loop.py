@@ -165,6 +165,7 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
                     log_dir=output.log_dir,
                     handle_signals=True,
                     monitor=output.monitor,
+                    usage=output.usage,
                 ) as r:
                     runner.append(r)
                     console.interrupted = lambda: r.received_signal == signal.SIGINT
@@ -258,7 +259,7 @@ async def _show_status(r: Runner, console: CommandConsole, status: Status) -> No
         # The table leaves the bars half the room, if they need it.
         room = console.room
         height = max(room - min(console.bars, room // 2), 2)
-        lines = status.render(r.processes, console.width - 1, bool(console.colour), height)
+        lines = status.render(r.processes, console.width - 1, bool(console.colour), height, r.usage)
         await anyio.to_thread.run_sync(console.set_footer, lines)
         with anyio.move_on_after(0.5):
             await status.changed.wait()
