@@ -1233,6 +1233,45 @@ def test_terminal_status_table_shows_cpu_and_memory(
         term.close()
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_status_table_columns_of_what_each_process_costs(anyio_backend: str) -> None:
+    import corral as library  # (``corral`` here runs the command)
+    from corral._cli._status import Status
+
+    async with library.open_runner(console=False, usage=False) as r:
+        web = await r.start(["sleep", "30"], name="web")
+        gib, mib = 1 << 30, 1 << 20
+        usage = {
+            "web": library.ResourceUsage(web.pid, 99.5, 3 * gib, gpu_memory=2 * gib),
+            "agent-1.worker-0": library.ResourceUsage(77, 12.0, 97 * mib, host="node2"),
+        }
+        wide = [line.decode() for line in Status().render(r.processes, 120, False, 100, usage)]
+        plain = [line.decode() for line in Status().render(r.processes, 120, False, 100, {})]
+        narrow = [line.decode() for line in Status().render(r.processes, 50, False, 100, usage)]
+        r.cancel()
+    assert wide[0].split() == [
+        "name",
+        "state",
+        "pid",
+        "cpu",
+        "mem",
+        "gpu",
+        "uptime",
+        "restarts",
+        "last",
+        "exit",
+    ]
+    assert wide[1].split()[:6] == ["web", "running", str(web.pid), "99.5%", "3.0G", "2.0G"]
+    # A worker of another host, known by its figures alone.
+    assert wide[2].split() == ["agent-1.worker-0", "running", "77", "12.0%", "97M", "-"] + ["-"] * 3
+    # No GPU memory anywhere: no gpu column; no figures: dashes.
+    assert HEADER.fullmatch(plain[0]) and ROW.fullmatch(plain[1]), plain
+    assert ROW.fullmatch(plain[1])["cpu"] == "-"  # type: ignore[index]
+    # A narrow terminal goes without the columns it has no room for, figures last.
+    assert narrow[0].split() == ["name", "state", "cpu", "mem", "last", "exit"], narrow
+
+
 def test_terminal_status_table_taller_than_the_terminal(tmp_path: Path, tag: str) -> None:
     """12 workers on a 10-row terminal: the table must not leave copies in the scrollback."""
     count = 12

@@ -129,7 +129,9 @@ class Status:
         if len(rows) + 1 > height:
             # Too many to show: the ones that are not simply running first.
             shown = sorted(rows, key=lambda row: row[1] == "running")[: max(height - 2, 0)]
-        columns = _fitting(_COLUMNS, shown, width)
+        gpu = _COLUMNS.index("gpu")
+        wanted = [c for c in _COLUMNS if c != "gpu" or any(row[gpu] != "-" for row in shown)]
+        columns = _fitting(wanted, shown, width)
         table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
         for column in columns:
             table.add_column(column, no_wrap=True, overflow="ellipsis")
@@ -191,15 +193,18 @@ class Status:
 
 
 #: The columns of the live table, and those it goes without on a narrow terminal, in order.
-_COLUMNS = ("name", "state", "pid", "cpu", "mem", "uptime", "restarts", "last exit")
-_DROPPED = ("pid", "restarts", "uptime", "mem", "cpu")
+#: ``gpu`` is shown only when a process holds GPU memory.
+_COLUMNS = ("name", "state", "pid", "cpu", "mem", "gpu", "uptime", "restarts", "last exit")
+_DROPPED = ("pid", "restarts", "uptime", "gpu", "mem", "cpu")
 
 
-def usage_cells(usage: ResourceUsage | None) -> tuple[str, str]:
-    """The ``cpu`` and ``mem`` cells of a process: ``99.5%``, ``1.2G`` (``-`` when not known)."""
+def usage_cells(usage: ResourceUsage | None) -> tuple[str, str, str]:
+    """The ``cpu``, ``mem`` and ``gpu`` cells of a process: ``99.5%``, ``1.2G``, ``3.0G``
+    (``-`` for what is not known)."""
     if usage is None:
-        return "-", "-"
-    return f"{usage.cpu_percent:.1f}%", size(usage.rss)
+        return "-", "-", "-"
+    gpu = "-" if usage.gpu_memory is None else size(usage.gpu_memory)
+    return f"{usage.cpu_percent:.1f}%", size(usage.rss), gpu
 
 
 def size(nbytes: int) -> str:
@@ -223,13 +228,15 @@ def _remote_rows(
 def _fitting(columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[str]:
     """``columns``, less those of :data:`_DROPPED` that ``width`` has no room for."""
     widths = {
-        name: max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(columns)
+        name: max([len(name), *(len(row[_COLUMNS.index(name)]) for row in rows)])
+        for name in columns
     }
     kept = list(columns)
     for dropped in _DROPPED:
         if sum(widths[c] for c in kept) + 2 * (len(kept) - 1) <= width:
             break
-        kept.remove(dropped)
+        if dropped in kept:
+            kept.remove(dropped)
     return kept
 
 
