@@ -1224,9 +1224,12 @@ def test_terminal_status_table_shows_cpu_and_memory(
             assert term.table()["agent-0.worker-1"]["mem"].endswith("M")
         else:
             term.until("the table", lambda: len(term.table()) == 2)
-            drawn = term.raw.count(b"last exit")
-            # Two redraws, a second apart at least: a sample would have come by then.
-            term.until("more redraws", lambda: term.raw.count(b"last exit") >= drawn + 3)
+            drawn, since = term.raw.count(b"last exit"), time.monotonic()
+            # A sample would have come a second after the start: redraws for 2.5 s.
+            term.until(
+                "redraws for 2.5 s",
+                lambda: time.monotonic() > since + 2.5 and term.raw.count(b"last exit") > drawn + 2,
+            )
             rows = term.table()
             assert [(r["cpu"], r["mem"]) for r in rows.values()] == [("-", "-")] * 2, rows
     finally:

@@ -772,8 +772,9 @@ async def test_usage_false_samples_nothing(anyio_backend: str) -> None:
         assert r.monitor_url is not None
         client = await MonitorClient.connect(r.monitor_url)
         readers.append(client)
-        # Long enough for a sample or two: the runner would take one at once, then every second.
-        proc = await r.start([PY, "-c", "import time; time.sleep(1.5)"], name="sleeper")
+        # Long enough for a sample or two: the runner would take one a second after the
+        # start, then one every second.
+        proc = await r.start([PY, "-c", "import time; time.sleep(2.5)"], name="sleeper")
         assert proc.usage is None
         await proc.wait()
         assert dict(r.usage) == {}

@@ -3,7 +3,8 @@
 A task of the runner's group reads the CPU and memory of every running
 child's tree from ``/proc`` (:class:`corral._sys._proc.TreeSampler`) in a
 worker thread, so the loop only hands the pids over and takes the figures
-back.  It sleeps while no child runs, and ends with the children.  Remote
+back.  It sleeps while no child runs (its first sample comes a second after a
+child started), and ends with the children.  Remote
 workers' figures come from their agents (:meth:`UsageSampler.remote`) and
 are published with the next sample.  Those who want the figures (the
 monitor, :attr:`Runner.usage <corral.Runner.usage>`, :attr:`Process.usage
@@ -95,6 +96,10 @@ class UsageSampler:
                     tg.start_soon(_set_when, done, tg.cancel_scope)
                     await self._wake.wait()
                     tg.cancel_scope.cancel()
+                # The first sample a second after a child started: a runner whose
+                # children live shorter costs nothing (a sample scans every process).
+                with anyio.move_on_after(INTERVAL):
+                    await done.wait()
                 continue
             began = anyio.current_time()
             figures = await anyio.to_thread.run_sync(
