@@ -6,8 +6,7 @@ starts the services that run in that group: the collector, the log server,
 the lifeline's watch, the monitor and the sampler of what each child costs.
 Leaving it waits for the children (or stops them, on error or cancellation),
 then closes everything in reverse; a failure half-way in undoes what was
-opened.  See :mod:`corral._core._runner`
-for the rules.
+opened.  See :mod:`corral._core._runner` for the rules.
 """
 
 from __future__ import annotations

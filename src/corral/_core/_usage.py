@@ -3,12 +3,12 @@
 A task of the runner's group reads the CPU and memory of every running
 child's tree from ``/proc`` (:class:`corral._sys._proc.TreeSampler`) in a
 worker thread, so the loop only hands the pids over and takes the figures
-back.  It sleeps while no child runs (its first sample comes a second after a
-child started), and ends with the children.  Remote
-workers' figures come from their agents (:meth:`UsageSampler.remote`) and
-are published with the next sample.  Those who want the figures (the
-monitor, :attr:`Runner.usage <corral.Runner.usage>`, :attr:`Process.usage
-<corral.Process.usage>`) read them here.
+back.  It sleeps while no child runs (its first sample comes a second after
+a child started), and ends with the children.  Remote workers' figures come
+from their agents (:meth:`UsageSampler.remote`) and are published with the
+next sample.  Those who want the figures (the monitor, :attr:`Runner.usage
+<corral.Runner.usage>`, :attr:`Process.usage <corral.Process.usage>`) read
+them here.
 """
 
 from __future__ import annotations

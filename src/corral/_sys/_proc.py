@@ -208,9 +208,10 @@ class TreeSampler:
     ) -> ResourceUsage:
         total = sum(stat.ticks for stat in members.values())
         if tree.samples == 0:
-            # The first sample: the average since the root started.
+            # The first sample: the average since the root started (a quarter of a
+            # second at least, or a tick of a process just born would be 400 %).
             ticks = members[root].ticks
-            elapsed = now - tree.start / _TICKS
+            elapsed = max(now - tree.start / _TICKS, 0.25)
         else:
             ticks = total - tree.total
             elapsed = now - tree.at
