@@ -558,3 +558,21 @@ def test_runner_keywords_stay_in_step_with_open_runner() -> None:
     assert _runner._runner_keywords() == frozenset(inspect.signature(corral.open_runner).parameters)
     launch_keywords = set(inspect.signature(corral.Runner.launch).parameters)
     assert _runner._runner_keywords() & launch_keywords == {"grace"}
+
+
+@pytest.mark.timeout(30)
+def test_the_blocking_facade_reads_what_each_process_costs() -> None:
+    import msgspec
+    from websockets.sync.client import connect
+
+    with corral.open_runner_sync(console=False, monitor="127.0.0.1:0") as r:
+        proc = r.start(["sleep", "30"], name="sleeper")
+        assert r.monitor_url is not None
+        with connect(r.monitor_url.replace("http://", "ws://"), open_timeout=10) as ws:
+            while msgspec.json.decode(ws.recv(timeout=10))["type"] != "usage":
+                pass  # the hello, the records: until the first sample
+        usage = proc.usage
+        assert usage is not None and usage.pid == proc.pid and usage.rss > 0
+        assert list(r.usage) == ["sleeper"]
+        proc.stop()
+        assert proc.usage is None

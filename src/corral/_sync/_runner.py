@@ -6,7 +6,7 @@ import functools
 import inspect
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -16,6 +16,7 @@ from .._core._token import LoopToken
 from .._errors import CorralError
 from .._launch._options import LaunchOptions
 from .._results import CompletedProcess, LaunchResult
+from .._sys._proc import ResourceUsage
 from ._handles import SyncProcess
 from ._portal import Portal
 
@@ -98,6 +99,12 @@ class SyncRunner:
     def log_path(self) -> str | None:
         """The folder of this run's log files (with ``log_dir=``)."""
         return self.runner.log_path
+
+    @property
+    def usage(self) -> Mapping[str, ResourceUsage]:
+        """What each running child costs at the last sample, as :attr:`Runner.usage`."""
+        runner = self.runner
+        return self._portal.peek("Runner.usage", lambda: dict(runner.usage))
 
     @property
     def monitor_url(self) -> str | None:
