@@ -87,6 +87,7 @@ class UsageSampler:
     async def run(self, done: anyio.Event) -> None:
         """Sample every :data:`INTERVAL` seconds while children run, until ``done`` is set."""
         limiter = anyio.CapacityLimiter(1)
+        fresh = True
         while not done.is_set():
             self._wake = anyio.Event()
             children = {proc.pid: proc.name for proc in self._live() if proc.returncode is None}
@@ -96,8 +97,12 @@ class UsageSampler:
                     tg.start_soon(_set_when, done, tg.cancel_scope)
                     await self._wake.wait()
                     tg.cancel_scope.cancel()
-                # The first sample a second after a child started: a runner whose
+                fresh = True
+                continue
+            if fresh:
+                # The first sample a second after children came: a runner whose
                 # children live shorter costs nothing (a sample scans every process).
+                fresh = False
                 with anyio.move_on_after(INTERVAL):
                     await done.wait()
                 continue
