@@ -161,7 +161,7 @@ def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> N
         assert_fits(page, 1100)
 
         # What each costs, live from the runner's samples: a figure, then a sparkline.
-        page.wait_for_selector('#processes tr[data-name="web"] td.mem svg.spark polyline')
+        page.wait_for_selector('#processes tr[data-name="web"] td.mem canvas.spark')
         assert page.text_content('#processes tr[data-name="web"] td.mem .figure').endswith("MiB")
 
         page.locator("#log").evaluate("log => { log.scrollTop = log.scrollHeight; }")
@@ -233,6 +233,14 @@ def process(name: str, state: str = "running", code: int | None = None) -> dict[
     }
 
 
+#: Whether the canvas of a sparkline has a line drawn on it.
+DRAWN = """selector => {
+    const canvas = document.querySelector(selector);
+    const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    return pixels.some((value, i) => i % 4 === 3 && value > 0);
+}"""
+
+
 def figures(
     pid: int, *, cpu: float, rss: int, gpu: int | None = None, host: str | None = None
 ) -> dict[str, Any]:
@@ -287,8 +295,9 @@ def test_the_page_keeps_its_promises(tmp_path: Path) -> None:
         )
         assert page.text_content(f"{web} td.cpu .figure") == "49.0%"
         assert page.text_content(f"{web} td.mem .figure") == "299 MiB"
-        assert page.get_attribute(f"{web} td.cpu svg.spark", "data-points") == "180"
-        assert page.get_attribute(f"{web} td.mem svg.spark", "data-points") == "180"
+        assert page.get_attribute(f"{web} td.cpu canvas.spark", "data-points") == "180"
+        assert page.get_attribute(f"{web} td.mem canvas.spark", "data-points") == "180"
+        page.wait_for_function(DRAWN, arg=f"{web} td.cpu canvas.spark")  # a line, not a blank
         assert page.text_content(f"{remote} td.cpu .figure") == "99.5%"
         assert page.text_content(f"{remote} td.mem .figure") == "3.0 GiB"
         assert page.text_content(f"{remote} td.pid") == "77"
