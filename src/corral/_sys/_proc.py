@@ -240,11 +240,17 @@ class TreeSampler:
         )
 
 
+#: Where a loaded NVIDIA driver shows itself (in a container too): without it,
+#: NVML is not even imported.
+NVIDIA_DRIVER: Final = "/proc/driver/nvidia"
+
+
 class _Nvml:
     """GPU memory by pid through NVML, if ``pynvml`` and a driver are there; else nothing.
 
-    Whatever goes wrong (no module, no driver, no GPU, a call that fails)
-    turns the figure off for good, silently: it is an extra, never an error.
+    Without NVIDIA's driver, ``pynvml`` is not imported at all.  Whatever goes
+    wrong (no module, no library, no GPU, a call that fails) turns the figure
+    off for good, silently: it is an extra, never an error.
     """
 
     def __init__(self) -> None:
@@ -252,6 +258,12 @@ class _Nvml:
         self._handles: list[Any] | None = None  # None: not tried yet; []: off
 
     def _start(self) -> list[Any]:
+        if not os.path.exists(NVIDIA_DRIVER):
+            return []
+        return self.start_nvml()
+
+    def start_nvml(self) -> list[Any]:
+        """NVML's devices (``[]`` if it cannot be had), whether a driver shows or not."""
         try:
             import pynvml  # nvidia-ml-py: optional
 
