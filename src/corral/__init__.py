@@ -46,6 +46,7 @@ __all__ = [
     "ProcessFailed",
     "RemoteTraceback",
     "ResourceLimitError",
+    "ResourceUsage",
     "Route",
     "Runner",
     "RunnerLaunchOptions",
@@ -87,6 +88,7 @@ _HOMES = {
     "Process": "_core._process",
     "ProcessFailed": "_errors",
     "ResourceLimitError": "_errors",
+    "ResourceUsage": "_sys._proc",
     "Route": "_logs._router",
     "Runner": "_core._runner",
     "RunnerLaunchOptions": "_core._options",
@@ -175,3 +177,4 @@ if TYPE_CHECKING:
     from ._results import CompletedProcess, LaunchResult
     from ._sync._handles import SyncLogTail, SyncProcess
     from ._sync._runner import SyncRunner, launch, open_runner_sync
+    from ._sys._proc import ResourceUsage

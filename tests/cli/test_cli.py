@@ -56,11 +56,11 @@ PREFIXED = re.compile(
     r"(?P<stamp>\d\d:\d\d:\d\d) (?:\[(?P<rank>\d+)\] )?(?P<source>\S+) \| (?P<message>.*)"
 )
 #: The header of the live status table.
-HEADER = re.compile(r"name\s+state\s+pid\s+uptime\s+restarts\s+last exit")
+HEADER = re.compile(r"name\s+state\s+pid\s+cpu\s+mem\s+uptime\s+restarts\s+last exit")
 #: A row of the live status table.
 ROW = re.compile(
     r"(?P<name>\S+)\s+(?P<state>running|exited|failed|stopped|killed|killing|stopping, \d+ s left)"
-    r"\s+(?P<pid>\d+)\s+"
+    r"\s+(?P<pid>\d+)\s+(?P<cpu>\d+\.\d%|-)\s+(?P<mem>\d+(?:\.\d)?[KMG]|-)\s+"
     r"(?P<uptime>\d+:\d\d:\d\d)\s+(?P<restarts>\d+)\s+(?P<last>\S+)"
 )
 #: The header and a row of the summary left on a terminal at the end.
@@ -1186,6 +1186,93 @@ def test_terminal_status_table_shows_the_last_exit_after_a_group_restart(
         assert term.finish() == 0
     finally:
         term.close()
+
+
+#: Rank 0 holds 100 MiB and burns CPU; rank 1 sleeps.
+BUSY_OR_IDLE = (
+    "import os, time\n"
+    "if os.environ['RANK'] == '0':\n"
+    "    held = b'x' * (100 << 20)\n"
+    "    while True:\n"
+    "        pass\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize("option", [None, "--no-usage"])
+def test_terminal_status_table_shows_cpu_and_memory(
+    tmp_path: Path, tag: str, option: str | None
+) -> None:
+    options = [option] if option else []
+    argv = corral_argv("run", "-n", "2", *options, "--", sys.executable, "-c", BUSY_OR_IDLE)
+    term = Terminal(argv, cwd=tmp_path, env=environ(tag))
+    try:
+        if option is None:
+
+            def telling() -> bool:
+                # However loaded the machine, a CPU loop gets a few percent of a core.
+                rows = term.table()
+                busy, idle = rows.get("agent-0.worker-0"), rows.get("agent-0.worker-1")
+                if busy is None or idle is None or "-" in (busy["cpu"], busy["mem"]):
+                    return False
+                held = busy["mem"].endswith("G") or (
+                    busy["mem"].endswith("M") and float(busy["mem"][:-1]) >= 100
+                )
+                return float(busy["cpu"][:-1]) >= 5 and idle["cpu"] == "0.0%" and held
+
+            term.until("the busy worker's and the idle one's figures", telling, timeout=30)
+            assert term.table()["agent-0.worker-1"]["mem"].endswith("M")
+        else:
+            term.until("the table", lambda: len(term.table()) == 2)
+            drawn, since = term.raw.count(b"last exit"), time.monotonic()
+            # A sample would have come a second after the start: redraws for 2.5 s.
+            term.until(
+                "redraws for 2.5 s",
+                lambda: time.monotonic() > since + 2.5 and term.raw.count(b"last exit") > drawn + 2,
+            )
+            rows = term.table()
+            assert [(r["cpu"], r["mem"]) for r in rows.values()] == [("-", "-")] * 2, rows
+    finally:
+        term.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_status_table_columns_of_what_each_process_costs(anyio_backend: str) -> None:
+    import corral as library  # (``corral`` here runs the command)
+    from corral._cli._status import Status
+
+    async with library.open_runner(console=False, usage=False) as r:
+        web = await r.start(["sleep", "30"], name="web")
+        gib, mib = 1 << 30, 1 << 20
+        usage = {
+            "web": library.ResourceUsage(web.pid, 99.5, 3 * gib, gpu_memory=2 * gib),
+            "agent-1.worker-0": library.ResourceUsage(77, 12.0, 97 * mib, host="node2"),
+        }
+        wide = [line.decode() for line in Status().render(r.processes, 120, False, 100, usage)]
+        plain = [line.decode() for line in Status().render(r.processes, 120, False, 100, {})]
+        narrow = [line.decode() for line in Status().render(r.processes, 50, False, 100, usage)]
+        r.cancel()
+    assert wide[0].split() == [
+        "name",
+        "state",
+        "pid",
+        "cpu",
+        "mem",
+        "gpu",
+        "uptime",
+        "restarts",
+        "last",
+        "exit",
+    ]
+    assert wide[1].split()[:6] == ["web", "running", str(web.pid), "99.5%", "3.0G", "2.0G"]
+    # A worker of another host, known by its figures alone.
+    assert wide[2].split() == ["agent-1.worker-0", "running", "77", "12.0%", "97M", "-"] + ["-"] * 3
+    # No GPU memory anywhere: no gpu column; no figures: dashes.
+    assert HEADER.fullmatch(plain[0]) and ROW.fullmatch(plain[1]), plain
+    assert ROW.fullmatch(plain[1])["cpu"] == "-"  # type: ignore[index]
+    # A narrow terminal goes without the columns it has no room for, figures last.
+    assert narrow[0].split() == ["name", "state", "cpu", "mem", "last", "exit"], narrow
 
 
 def test_terminal_status_table_taller_than_the_terminal(tmp_path: Path, tag: str) -> None:

@@ -751,6 +751,69 @@ async def test_two_hosts_results_environment_and_logs(
         assert any("started worker-0" in m for m in logs.by_source(f"two.agent-{i}"))
 
 
+#: Rank 0 holds 100 MiB and burns CPU; rank 1 sleeps.
+COSTLY_OR_IDLE = """
+import os, time
+if os.environ["LOCAL_RANK"] == "0":
+    held = b"x" * (100 << 20)
+    while True:
+        pass
+time.sleep(60)
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_remote_workers_figures_come_over_the_link(
+    ssh_hosts: _hosts.SshHosts, tag: str
+) -> None:
+    from tests.monitor.test_monitor import MonitorClient
+
+    host = ssh_hosts.addresses[0]
+    mib = 1 << 20
+    async with (
+        corral.open_runner(name="far", console=False, monitor="127.0.0.1:0") as r,
+        anyio.create_task_group() as tg,
+    ):
+        assert r.monitor_url is not None
+        client = await MonitorClient.connect(r.monitor_url)
+
+        async def launch() -> None:
+            await r.launch_command(
+                [sys.executable, "-c", COSTLY_OR_IDLE],
+                hosts=[host],
+                workers_per_host=2,
+                # The agent runs this checkout's corral (python -m puts its folder first).
+                ssh=ssh_for(ssh_hosts, cwd=ROOT / "src"),
+                extra_env={TAG_VAR: tag},
+            )
+
+        tg.start_soon(launch)
+
+        def telling(message: dict[str, Any]) -> bool:
+            figures = message.get("processes", {}) if message["type"] == "usage" else {}
+            busy, idle = figures.get("agent-0.worker-0"), figures.get("agent-0.worker-1")
+            return (
+                busy is not None
+                and idle is not None
+                and busy["cpu"] >= 5
+                and busy["rss"] >= 100 * mib
+                and idle["cpu"] == 0
+            )
+
+        sample = await client.wait_for(telling, timeout=40)
+        for name in ("agent-0.worker-0", "agent-0.worker-1"):
+            assert sample["processes"][name]["host"] == host
+            usage = r.usage[name]
+            assert usage.host == host and usage.pid == sample["processes"][name]["pid"]
+        # The ssh client is the runner's own child, sampled here.
+        assert sample["processes"]["agent-0.ssh"]["host"] is None
+        await client.aclose()
+        tg.cancel_scope.cancel()
+    assert tagged_pids(tag) == []
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_two_hosts_remote_raise_propagates(ssh_hosts: _hosts.SshHosts, tag: str) -> None:

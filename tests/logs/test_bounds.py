@@ -57,7 +57,14 @@ from corral._monitor._clients import (
     MonitorSink,
 )
 from corral._monitor._rows import ROW_BYTES, ROW_TEXT
-from corral._monitor._server import HANDSHAKE_TIMEOUT, MAX_CLIENT_MESSAGE, MAX_CLIENTS, Monitor
+from corral._monitor._server import (
+    HANDSHAKE_TIMEOUT,
+    MAX_CLIENT_MESSAGE,
+    MAX_CLIENTS,
+    USAGE_HISTORY,
+    USAGE_HISTORY_BYTES,
+    Monitor,
+)
 
 PY = sys.executable
 PIPE = subprocess.PIPE
@@ -691,6 +698,34 @@ async def test_a_client_far_behind_on_states_gets_the_newest_of_each_process() -
         STATE_QUEUE + 498,
         STATE_QUEUE + 499,
     ]
+
+
+@pytest.mark.anyio
+async def test_the_monitor_keeps_a_bounded_history_of_what_processes_cost() -> None:
+    monitor = Monitor(True, "demo")
+    sink = MonitorSink(monitor)
+    client = _joined(sink)
+    figures = {f"worker-{i}": corral.ResourceUsage(1000 + i, 99.5, 1 << 30) for i in range(8)}
+    for second in range(USAGE_HISTORY + 100):
+        monitor.usage_event(1_700_000_000.0 + second, figures)
+    count, nbytes = monitor.usage_history
+    assert count == USAGE_HISTORY and nbytes <= USAGE_HISTORY_BYTES
+    hello = json.loads(monitor._snapshot())  # what a client that comes now gets first
+    assert [s["time"] for s in hello["usage"]] == [
+        1_700_000_000.0 + second for second in range(100, USAGE_HISTORY + 100)
+    ]
+    # A client behind gets the newest sample only.
+    messages, size, _ = sink.take(client)
+    sink.sent(size)
+    [usage] = [json.loads(m) for m in messages]
+    assert usage["type"] == "usage" and usage["time"] == 1_700_000_000.0 + USAGE_HISTORY + 99
+    # Many processes: the bound in bytes holds (the newest sample always stays).
+    many = {f"agent-{i}.worker-{i}": corral.ResourceUsage(i, 1.0, 1 << 20) for i in range(2000)}
+    for second in range(10):
+        monitor.usage_event(1_800_000_000.0 + second, many)
+        count, nbytes = monitor.usage_history
+        assert nbytes <= USAGE_HISTORY_BYTES or count == 1
+    assert count < 10
 
 
 # -- the other bounds of the log path ------------------------------------------------------------

@@ -481,7 +481,10 @@ async def test_snapshot_then_live_states_and_records(tmp_path: Path) -> None:
         before = time.time()
         worker = await r.start(echo(), name="worker", stdin=PIPE, check=False)
         client = await MonitorClient.connect(r.monitor_url)
-        hello = await client.recv()
+        received = await client.recv()
+        assert received is not None
+        hello = {k: v for k, v in received.items() if k != "usage"}
+        assert isinstance(received["usage"], list)  # the samples so far (see test_usage_*)
         assert hello == {
             "type": "hello",
             "v": 1,
@@ -504,7 +507,9 @@ async def test_snapshot_then_live_states_and_records(tmp_path: Path) -> None:
         assert started[:3] == ["demo", None, logging.DEBUG]
         # A client that comes later gets them at once, after its snapshot.
         later = await MonitorClient.connect(r.monitor_url)
-        assert (await later.recv()) == hello
+        again = await later.recv()
+        assert again is not None and isinstance(again["usage"], list)
+        assert {k: v for k, v in again.items() if k != "usage"} == hello
         backlog = await later.recv()
         assert backlog is not None and backlog["type"] == "logs"
         assert backlog["records"][0] == [
@@ -639,6 +644,144 @@ async def test_filters_by_query_and_by_message() -> None:
     assert [(row[0], row[2], row[5]) for row in by_message.rows()[seen_before_filter:]] == [
         ("demo.b", 40, "app: failed")
     ]
+
+
+# -- what each process costs --------------------------------------------------------------------
+
+#: A CPU loop; a process that holds 100 MiB (touched) and sleeps; one that only sleeps.
+BUSY = [PY, "-c", "while True: pass"]
+BIG = [
+    PY,
+    "-c",
+    "import time; held = b'x' * (100 << 20); print('held', flush=True); time.sleep(60)",
+]
+IDLE = [PY, "-c", "import time; time.sleep(60)"]
+MIB = 1 << 20
+
+
+@pytest.mark.timeout(40)
+async def test_usage_of_a_busy_an_idle_and_a_big_process_in_the_feed() -> None:
+    async with monitored() as (r, readers):
+        assert r.monitor_url is not None
+        client = await MonitorClient.connect(r.monitor_url)
+        readers.append(client)
+        procs = {
+            name: await r.start(argv, name=name)
+            for name, argv in [("busy", BUSY), ("idle", IDLE), ("big", BIG)]
+        }
+        await client.wait_row(lambda row: row[0] == "demo.big" and row[5] == "held")
+
+        def telling(message: dict[str, Any]) -> bool:
+            # A sample after start-up (whose CPU counts in the first): however loaded the
+            # machine, a CPU loop gets a few percent of a core, and a sleeper not one tick.
+            figures = message.get("processes", {}) if message["type"] == "usage" else {}
+            if set(figures) != {"busy", "idle", "big"}:
+                return False
+            busy, idle, big = figures["busy"], figures["idle"], figures["big"]
+            return busy["cpu"] >= 5 and idle["cpu"] == 0 and big["rss"] >= 100 * MIB
+
+        sample = await client.wait_for(telling, timeout=30)
+        for name, proc in procs.items():
+            figures = sample["processes"][name]
+            assert figures["pid"] == proc.pid
+            assert figures["processes"] == 1 and figures["host"] is None
+            assert figures["gpu"] is None  # no GPU here: absent, and nothing said
+            assert 1 * MIB < figures["rss"] < (200 if name == "big" else 60) * MIB, figures
+            # The same figures, or newer ones, in Python.
+            usage = proc.usage
+            assert usage is not None and usage.pid == proc.pid
+            assert r.usage[name] is usage
+        assert sample["time"] == pytest.approx(time.time(), abs=10)
+        # A client that comes later gets the samples so far, oldest first, in its hello.
+        later = await MonitorClient.connect(r.monitor_url)
+        hello = await later.recv()
+        assert hello is not None and hello["usage"], hello
+        times = [each["time"] for each in hello["usage"]]
+        assert times == sorted(times) and times[-1] >= sample["time"]
+        await later.aclose()
+        r.cancel()
+    check_schema(client)
+    # Exited, they are sampled no more.
+    assert all(proc.usage is None for proc in procs.values())
+    assert dict(r.usage) == {}
+
+
+#: A row of ``corral status``: name, state, pid, cpu, mem, the sparkline, uptime...
+STATUS_ROW = re.compile(
+    r"(?P<name>\S+)\s+(?P<state>\w+)\s+(?P<pid>\d+)\s+(?P<cpu>\d+\.\d%)\s+"
+    r"(?P<mem>\d+(?:\.\d)?[KMG])\s+(?P<spark>[▁▂▃▄▅▆▇█]+)\s+\d+:\d\d:\d\d\s+0\s+-"
+)
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_corral_status_prints_each_process_and_what_it_costs(anyio_backend: str) -> None:
+    async with monitored() as (r, readers):
+        assert r.monitor_url is not None
+        client = await MonitorClient.connect(r.monitor_url)
+        readers.append(client)
+        busy = await r.start(BUSY, name="busy")
+        idle = await r.start(IDLE, name="idle")
+
+        def telling(message: dict[str, Any]) -> bool:
+            figures = message.get("processes", {}) if message["type"] == "usage" else {}
+            return (
+                set(figures) == {"busy", "idle"}
+                and figures["busy"]["cpu"] >= 5
+                and figures["idle"]["cpu"] == 0
+            )
+
+        await client.wait_for(telling, timeout=30)
+        out = await anyio.run_process(
+            corral_argv("status", r.monitor_url), check=False, env=plain_env()
+        )
+        refused = await anyio.run_process(
+            corral_argv("status", with_query(r.monitor_url, token="wrong")), check=False
+        )
+        r.cancel()
+    assert out.returncode == 0 and out.stderr == b"", out
+    header, *lines = out.stdout.decode().splitlines()
+    assert header.split() == [
+        "name",
+        "state",
+        "pid",
+        "cpu",
+        "mem",
+        "cpu,",
+        "last",
+        "minute",
+        "uptime",
+        "restarts",
+        "exit",
+        "code",
+    ]
+    rows = {m["name"]: m for m in map(STATUS_ROW.fullmatch, lines) if m}
+    assert sorted(rows) == ["busy", "idle"], lines
+    assert rows["busy"]["pid"] == str(busy.pid) and rows["idle"]["pid"] == str(idle.pid)
+    assert float(rows["busy"]["cpu"][:-1]) > 0 and rows["idle"]["cpu"] == "0.0%"
+    assert set(rows["idle"]["spark"][1:]) == {"▁"}  # asleep since its start-up
+    assert refused.returncode == 1
+    assert refused.stdout == b""
+    assert refused.stderr.decode().count("\n") == 1 and b"refused" in refused.stderr
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_usage_false_samples_nothing(anyio_backend: str) -> None:
+    async with monitored(usage=False) as (r, readers):
+        assert r.monitor_url is not None
+        client = await MonitorClient.connect(r.monitor_url)
+        readers.append(client)
+        # Long enough for a sample or two: the runner would take one a second after the
+        # start, then one every second.
+        proc = await r.start([PY, "-c", "import time; time.sleep(2.5)"], name="sleeper")
+        assert proc.usage is None
+        await proc.wait()
+        assert dict(r.usage) == {}
+    assert client.messages[0] is not None and client.messages[0]["usage"] == []
+    assert [m for m in client.messages if m is not None and m["type"] == "usage"] == []
+    with pytest.raises(TypeError, match="usage must be True or False"):
+        corral.open_runner(usage="no")  # type: ignore[arg-type]
 
 
 class Gate(logging.Handler):

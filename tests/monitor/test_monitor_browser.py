@@ -160,6 +160,10 @@ def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> N
         assert_fits(page, 400)
         assert_fits(page, 1100)
 
+        # What each costs, live from the runner's samples: a figure, then a sparkline.
+        page.wait_for_selector('#processes tr[data-name="web"] td.mem canvas.spark')
+        assert page.text_content('#processes tr[data-name="web"] td.mem .figure').endswith("MiB")
+
         page.locator("#log").evaluate("log => { log.scrollTop = log.scrollHeight; }")
         screenshot = tmp_path / "monitor.png"
         page.screenshot(path=str(screenshot))
@@ -229,6 +233,20 @@ def process(name: str, state: str = "running", code: int | None = None) -> dict[
     }
 
 
+#: Whether the canvas of a sparkline has a line drawn on it.
+DRAWN = """selector => {
+    const canvas = document.querySelector(selector);
+    const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    return pixels.some((value, i) => i % 4 === 3 && value > 0);
+}"""
+
+
+def figures(
+    pid: int, *, cpu: float, rss: int, gpu: int | None = None, host: str | None = None
+) -> dict[str, Any]:
+    return {"pid": pid, "cpu": cpu, "rss": rss, "gpu": gpu, "processes": 1, "host": host}
+
+
 def record(n: int, source: str = "demo.web", level: int = 20) -> list[Any]:
     return [source, "stdout", level, 1_700_000_000.0 + n / 1000, None, f"line {n}"]
 
@@ -251,11 +269,51 @@ def test_the_page_keeps_its_promises(tmp_path: Path) -> None:
         assert [c.url for c in server.connections] == ["ws://monitor.test/?token=t0k3n"]
 
         hello = {"v": 1, "runner": "demo", "log_path": "/var/log/demo/20261130-103300-demo"}
-        server.send(type="hello", **hello, processes=[process("web"), process("worker")])
+        # What each process cost over the last 200 s, a remote worker's too: the page keeps
+        # the last 180 samples of each for its sparklines.
+        samples = [
+            {
+                "time": 1_700_000_000.0 + i,
+                "processes": {
+                    "web": figures(1004, cpu=i % 50, rss=(100 + i) << 20),
+                    "worker": figures(1007, cpu=0.0, rss=20 << 20),
+                    "agent-1.worker-0": figures(77, cpu=99.5, rss=3 << 30, host="node2"),
+                },
+            }
+            for i in range(200)
+        ]
+        server.send(
+            type="hello", **hello, processes=[process("web"), process("worker")], usage=samples
+        )
         page.wait_for_function(
-            "() => document.querySelectorAll('#processes tbody tr').length === 2"
+            "() => document.querySelectorAll('#processes tbody tr').length === 3"
         )
         assert page.text_content("#log-path") == hello["log_path"]
+        web, remote = (
+            '#processes tr[data-name="web"]',
+            '#processes tr[data-name="agent-1.worker-0"]',
+        )
+        assert page.text_content(f"{web} td.cpu .figure") == "49.0%"
+        assert page.text_content(f"{web} td.mem .figure") == "299 MiB"
+        assert page.get_attribute(f"{web} td.cpu canvas.spark", "data-points") == "180"
+        assert page.get_attribute(f"{web} td.mem canvas.spark", "data-points") == "180"
+        page.wait_for_function(DRAWN, arg=f"{web} td.cpu canvas.spark")  # a line, not a blank
+        assert page.text_content(f"{remote} td.cpu .figure") == "99.5%"
+        assert page.text_content(f"{remote} td.mem .figure") == "3.0 GiB"
+        assert page.text_content(f"{remote} td.pid") == "77"
+        assert "node2" in (page.get_attribute(f"{remote} td.cpu", "title") or "")
+        assert not page.is_visible(f"{web} td.gpu")  # no GPU anywhere: no column
+        # A live sample: the figures move on; the remote worker that is gone leaves.
+        server.send(
+            type="usage",
+            time=1_700_000_200.0,
+            processes={"web": figures(1004, cpu=12.5, rss=1 << 30, gpu=2 << 30)},
+        )
+        page.wait_for_selector(f'{web} td.cpu .figure:has-text("12.5%")')
+        assert page.locator(remote).count() == 0
+        assert page.text_content(f"{web} td.gpu .figure") == "2.0 GiB"
+        not_sampled = "\u2013"  # the page's dash for what it does not know
+        assert page.text_content('#processes tr[data-name="worker"] td.cpu') == not_sampled
 
         # The DOM stays bounded: the last 2,000 rows.
         server.send(type="logs", records=[record(n) for n in range(2500)])

@@ -554,3 +554,21 @@ def test_a_service_does_not_hold_the_block_open(tag: str) -> None:
         service = r.start(["sleep", "1000"], service=True, extra_env={TAG_VAR: tag})
     assert service.returncode == -15
     assert tagged_pids(tag) == []
+
+
+@pytest.mark.timeout(30)
+def test_the_blocking_facade_reads_what_each_process_costs() -> None:
+    import msgspec
+    from websockets.sync.client import connect
+
+    with corral.open_runner_sync(console=False, monitor="127.0.0.1:0") as r:
+        proc = r.start(["sleep", "30"], name="sleeper")
+        assert r.monitor_url is not None
+        with connect(r.monitor_url.replace("http://", "ws://"), open_timeout=10) as ws:
+            while msgspec.json.decode(ws.recv(timeout=10))["type"] != "usage":
+                pass  # the hello, the records: until the first sample
+        usage = proc.usage
+        assert usage is not None and usage.pid == proc.pid and usage.rss > 0
+        assert list(r.usage) == ["sleeper"]
+        proc.stop()
+        assert proc.usage is None

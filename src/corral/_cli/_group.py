@@ -35,6 +35,7 @@ Examples:
   corral run -n 4 -- python train.py     (4 workers, torchrun's environment)
   corral up                              (the processes of ./Procfile)
   corral tail 'http://127.0.0.1:8765/?token=...'
+  corral status 'http://127.0.0.1:8765/?token=...'
 """
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -139,6 +140,8 @@ class Output:
     split_stderr: bool = False
     #: Which lines (source, stream) stay off the console: torchrun's ``--redirects``.
     quiet: Callable[[str, str], bool] | None = None
+    #: Whether each process's CPU and memory is sampled (``--no-usage`` turns it off).
+    usage: bool = True
 
     @classmethod
     def of(
@@ -158,7 +161,8 @@ class Output:
 
         ``--split-stderr``/``--merge-stderr`` chooses otherwise.
         """
-        chosen = click.get_current_context().meta.get(_SPLIT_STDERR)
+        meta = click.get_current_context().meta
+        chosen = meta.get(_SPLIT_STDERR)
         split = split_stderr if chosen is None else bool(chosen)
         colour = False if no_color else None
         if log_dir is not None:
@@ -169,6 +173,7 @@ class Output:
                     f"cannot make the folder {shorten(log_dir)}: {exc.strerror or exc}",
                     param_hint="--log-dir",
                 ) from None
+        usage = not meta.get(_NO_USAGE, False)
         return cls(
             log_dir,
             not no_prefix,
@@ -179,6 +184,7 @@ class Output:
             allow_log_loss=allow_log_loss,
             contain=not no_contain,
             split_stderr=split,
+            usage=usage,
         )
 
 
@@ -245,10 +251,27 @@ def output_options(func: Any) -> Any:
                 is_flag=True,
                 help="Stop process groups only: leave what left its group (a daemon) running.",
             ),
+            click.option(
+                "--no-usage",
+                is_flag=True,
+                expose_value=False,
+                callback=_no_usage,
+                help="Do not sample what each process costs (the table's cpu and mem columns, "
+                "the monitor's figures).",
+            ),
         ]
     ):
         func = option(func)
     return func
+
+
+#: Where ``--no-usage`` is kept, in the command's context (read by :meth:`Output.of`).
+_NO_USAGE = "corral.no_usage"
+
+
+def _no_usage(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    ctx.meta[_NO_USAGE] = value
+    return value
 
 
 def _monitor(address: str | None) -> str | None:

@@ -201,6 +201,7 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
                     monitor=output.monitor,
                     contain=output.contain,
                     subreaper=output.contain,
+                    usage=output.usage,
                 ) as r:
                     runner.append(r)
                     console.interrupted = lambda: r.received_signal == signal.SIGINT
@@ -303,7 +304,7 @@ async def _show_status(r: Runner, console: CommandConsole, status: Status) -> No
         # The table leaves the bars half the room, if they need it.
         room = console.room
         height = max(room - min(console.bars, room // 2), 2)
-        lines = status.render(r.processes, console.width - 1, bool(console.colour), height)
+        lines = status.render(r.processes, console.width - 1, bool(console.colour), height, r.usage)
         await anyio.to_thread.run_sync(console.set_footer, lines)
         with anyio.move_on_after(0.5):
             await status.changed.wait()

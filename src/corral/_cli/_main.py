@@ -29,6 +29,7 @@ import click
 from ._group import cli
 from ._io import say
 from ._run import run
+from ._snapshot import status
 from ._tail import tail
 from ._up import up
 
@@ -37,6 +38,7 @@ __all__ = ["cli", "main"]
 cli.add_command(run)
 cli.add_command(up)
 cli.add_command(tail)
+cli.add_command(status)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

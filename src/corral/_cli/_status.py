@@ -11,16 +11,16 @@ from __future__ import annotations
 import io
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
 
 if TYPE_CHECKING:
-    from corral import Process
+    from corral import Process, ResourceUsage
 
-__all__ = ["Status", "describe_failure"]
+__all__ = ["Status", "describe_failure", "size", "usage_cells"]
 
 #: Trailing blanks before the end of a rendered line (and its closing colour codes).
 _TRAILING = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$")
@@ -87,10 +87,13 @@ class Status:
             return "killed" if code == -9 else "stopped"
         return "failed"
 
-    def rows(self, processes: Sequence[Process]) -> Iterator[tuple[str, ...]]:
+    def rows(
+        self, processes: Sequence[Process], usage: Mapping[str, ResourceUsage] | None = None
+    ) -> Iterator[tuple[str, ...]]:
         for proc in processes:
             self.seen[proc.name] = proc
         now = time.monotonic()
+        usage = usage or {}
         for name, proc in self.seen.items():
             code = proc.returncode
             if code is None:
@@ -102,23 +105,33 @@ class Status:
                 name,
                 self._state(proc, now),
                 str(proc.pid),
+                *usage_cells(usage.get(name) if code is None else None),
                 uptime,
                 str(proc.restarts or self.restarts),
                 "-" if last is None else str(last),
             )
+        yield from _remote_rows(usage, self.seen)
 
     def render(
-        self, processes: Sequence[Process], width: int, colour: bool, height: int = 1000
+        self,
+        processes: Sequence[Process],
+        width: int,
+        colour: bool,
+        height: int = 1000,
+        usage: Mapping[str, ResourceUsage] | None = None,
     ) -> list[bytes]:
-        """The live table, at most ``width`` columns wide and ``height`` rows tall."""
+        """The live table, at most ``width`` columns wide and ``height`` rows tall, with what
+        each process costs (``usage``, by name: :attr:`Runner.usage <corral.Runner.usage>`)."""
         from rich.table import Table
 
-        rows = list(self.rows(processes))
+        rows = list(self.rows(processes, usage))
         shown = rows
         if len(rows) + 1 > height:
             # Too many to show: the ones that are not simply running first.
             shown = sorted(rows, key=lambda row: row[1] == "running")[: max(height - 2, 0)]
-        columns = _fitting(_COLUMNS, shown, width)
+        gpu = _COLUMNS.index("gpu")
+        wanted = [c for c in _COLUMNS if c != "gpu" or any(row[gpu] != "-" for row in shown)]
+        columns = _fitting(wanted, shown, width)
         table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
         for column in columns:
             table.add_column(column, no_wrap=True, overflow="ellipsis")
@@ -180,20 +193,50 @@ class Status:
 
 
 #: The columns of the live table, and those it goes without on a narrow terminal, in order.
-_COLUMNS = ("name", "state", "pid", "uptime", "restarts", "last exit")
-_DROPPED = ("pid", "restarts", "uptime")
+#: ``gpu`` is shown only when a process holds GPU memory.
+_COLUMNS = ("name", "state", "pid", "cpu", "mem", "gpu", "uptime", "restarts", "last exit")
+_DROPPED = ("pid", "restarts", "uptime", "gpu", "mem", "cpu")
+
+
+def usage_cells(usage: ResourceUsage | None) -> tuple[str, str, str]:
+    """The ``cpu``, ``mem`` and ``gpu`` cells of a process: ``99.5%``, ``1.2G``, ``3.0G``
+    (``-`` for what is not known)."""
+    if usage is None:
+        return "-", "-", "-"
+    gpu = "-" if usage.gpu_memory is None else size(usage.gpu_memory)
+    return f"{usage.cpu_percent:.1f}%", size(usage.rss), gpu
+
+
+def size(nbytes: int) -> str:
+    """A size in bytes as ``top`` shows one: ``512K``, ``97M``, ``1.2G``."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return f"{nbytes >> 10}K"
+
+
+def _remote_rows(
+    usage: Mapping[str, ResourceUsage], seen: Mapping[str, Process]
+) -> Iterator[tuple[str, ...]]:
+    """The rows of a launch's workers on other hosts: known by their figures alone."""
+    for name, figures in usage.items():
+        if figures.host is not None and name not in seen:
+            yield (name, "running", str(figures.pid), *usage_cells(figures), "-", "-", "-")
 
 
 def _fitting(columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[str]:
     """``columns``, less those of :data:`_DROPPED` that ``width`` has no room for."""
     widths = {
-        name: max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(columns)
+        name: max([len(name), *(len(row[_COLUMNS.index(name)]) for row in rows)])
+        for name in columns
     }
     kept = list(columns)
     for dropped in _DROPPED:
         if sum(widths[c] for c in kept) + 2 * (len(kept) - 1) <= width:
             break
-        kept.remove(dropped)
+        if dropped in kept:
+            kept.remove(dropped)
     return kept
 
 

@@ -19,7 +19,7 @@ from ._loop import call_soon, check_written
 if TYPE_CHECKING:
     from corral import ConsoleHandler
 
-__all__ = ["MAX_TAIL_MESSAGE", "tail"]
+__all__ = ["MAX_TAIL_MESSAGE", "tail", "websocket_url"]
 
 _EXAMPLES_TAIL = """
 \b
@@ -107,6 +107,11 @@ def _urlsplit(url: str, source: str, level: int) -> str:
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     encoded = urllib.parse.urlencode(query)
     return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", encoded, ""))
+
+
+def websocket_url(url: str, source: str, level: int) -> str:
+    """The WebSocket URL of the monitor at ``url`` (as ``corral tail`` checks it), with a filter."""
+    return _urlsplit(url, source, level)
 
 
 async def _tail(

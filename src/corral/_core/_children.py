@@ -70,6 +70,8 @@ class Children:
         self._services: set[Process] = set()
         self._name_counters: dict[str, int] = {}
         self._observers: list[Observer] = []
+        if scope.usage is not None:  # a child that starts wakes the sampler
+            self._observers.append(scope.usage.observe)
         #: Spawns one at a time, with a loop turn after each (see :meth:`start`).
         self._spawn_lock = anyio.Lock()
 

@@ -78,6 +78,7 @@ class RunnerOptions(TypedDict, total=False):
     monitor: str | bool | None
     contain: bool
     subreaper: bool
+    usage: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +99,7 @@ class RunnerSpec:
     monitor: str | bool | None = None
     contain: bool = True
     subreaper: bool = False
+    usage: bool = True
 
     @classmethod
     def of(cls, options: Mapping[str, Any], what: str) -> RunnerSpec:

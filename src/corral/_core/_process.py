@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream
 
     from .._logs._sources import LogTail
+    from .._sys._proc import ResourceUsage
     from ._supervisor import Supervisor
 
 __all__ = ["Process"]
@@ -143,6 +144,18 @@ class Process(anyio.abc.Process):
     def restarts(self) -> int:
         """How many times the child was restarted (see ``restart=`` of :meth:`Runner.start`)."""
         return self._sup.restarts
+
+    @property
+    def usage(self) -> ResourceUsage | None:
+        """What the child and its descendants cost at the last sample, while it runs.
+
+        CPU in percent of one core, resident memory in bytes and, where NVML
+        is there, GPU memory: a :class:`ResourceUsage`, sampled from ``/proc``
+        about once a second (see ``usage=`` of :func:`open_runner`).
+        ``None`` before the first sample, once the child has exited, and
+        with ``usage=False``.
+        """
+        return self._sup.usage()
 
     @property
     def previous_exit(self) -> int | None:

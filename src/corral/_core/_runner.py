@@ -34,8 +34,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
@@ -46,10 +46,11 @@ from .._checks import check_grace, check_signal, with_keywords
 from .._launch._context import LaunchContext
 from .._launch._options import LaunchOptions, LaunchSpec
 from .._logs._hub import LogHub
-from .._logs._router import Route
+from .._logs._router import Route, routes_of
 from .._monitor._clients import MonitorSink
 from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
+from .._sys._proc import ResourceUsage
 from ._children import MAX_NAME, Children, check_name
 from ._lifeline import Lifeline
 from ._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions, StrOrPath
@@ -88,18 +89,8 @@ class Runner:
         handle_signals = spec.handle_signals
         if handle_signals not in (None, True, False):
             raise TypeError("handle_signals must be None, True or False")
-        handlers = spec.handlers
+        routes = routes_of(spec.handlers)
         monitor = spec.monitor
-        if isinstance(handlers, (logging.Handler, Route)):
-            handlers = [handlers]
-        routes = []
-        for handler in handlers:
-            if isinstance(handler, Route):
-                routes.append(handler)
-            elif isinstance(handler, logging.Handler):
-                routes.append(Route(handler))
-            else:
-                raise TypeError(f"handlers: {handler!r} is neither a logging.Handler nor a Route")
         self._monitor: Monitor | None = None
         if monitor is not None and monitor is not False:
             self._monitor = Monitor(monitor, name)
@@ -119,7 +110,8 @@ class Runner:
             lifeline=self._lifeline,
             monitor=self._monitor,
             handle_signals=handle_signals,
-            live_count=lambda: len(self._children),
+            live=lambda: self._children.live,
+            usage=spec.usage,
             contain=(spec.contain, spec.subreaper),
             stop=(self._stop_signal, self._grace),
         )
@@ -172,6 +164,11 @@ class Runner:
         if self._monitor is None or not self._monitor.ready.is_set() or self._monitor.error:
             return None
         return self._monitor.url
+
+    @property
+    def usage(self) -> Mapping[str, ResourceUsage]:
+        """Each running child's :attr:`Process.usage` by name, and a launch's remote workers'."""
+        return MappingProxyType({} if self._scope.usage is None else self._scope.usage.latest)
 
     @property
     def received_signal(self) -> signal.Signals | None:
@@ -493,7 +490,7 @@ class Runner:
         )
 
     def _launch_context(self) -> LaunchContext:
-        return LaunchContext(start=self.start, logs=self._hub.forwarder(), grace=self._grace)
+        return LaunchContext(self.start, self._hub.forwarder(), self._grace, self._scope.usage)
 
     # -- observing ----------------------------------------------------------------------
 
@@ -586,6 +583,8 @@ def open_runner(**options: Unpack[RunnerOptions]) -> Runner:
             can be made, so that what leaves their process groups (a ``setsid``
             daemon) is stopped with them (see :doc:`howto/containment`).
         subreaper: make the process a child subreaper while open (orphans are stopped too).
+        usage: sample each child's CPU and memory about once a second (for
+            :attr:`Process.usage`, the monitor, ``corral``'s table); ``False``: never.
 
     Entering the runner raises :exc:`CorralError` if the system cannot give
     it what it waits for its children with: pidfds (``pidfd_open``, Linux 5.3

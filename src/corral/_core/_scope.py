@@ -3,10 +3,10 @@
 Entering a runner opens, in this order, its log service (the log folder, the
 socket), its lifeline, its signal subscription and its task group, then
 starts the services that run in that group: the collector, the log server,
-the lifeline's watch and the monitor.  Leaving it waits for the children (or
-stops them, on error or cancellation), then closes everything in reverse; a
-failure half-way in undoes what was opened.  See :mod:`corral._core._runner`
-for the rules.
+the lifeline's watch, the monitor and the sampler of what each child costs.
+Leaving it waits for the children (or stops them, on error or cancellation),
+then closes everything in reverse; a failure half-way in undoes what was
+opened.  See :mod:`corral._core._runner` for the rules.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType, TracebackType
 
 import anyio
@@ -31,6 +31,7 @@ from ._lifeline import Lifeline
 from ._spawn import Spawner
 from ._supervisor import ProcessServices
 from ._token import LoopToken
+from ._usage import Sampled, UsageSampler
 
 __all__ = ["Scope"]
 
@@ -38,7 +39,8 @@ __all__ = ["Scope"]
 class Scope:
     """The task group of one runner and the services around it (see the module's docs).
 
-    ``live_count`` tells how many children run.  :attr:`tg`,
+    ``live`` gives the children that run now; ``usage`` asks for their
+    figures to be sampled (:attr:`usage`, ``None`` without).  :attr:`tg`,
     :attr:`services` and :attr:`signals` are there once entered;
     :attr:`closing` once the exit began, and :attr:`children_done` is set
     once the exit began and every child is gone; :attr:`done` once what they
@@ -53,16 +55,20 @@ class Scope:
         lifeline: Lifeline,
         monitor: Monitor | None,
         handle_signals: bool | None,
-        live_count: Callable[[], int],
+        live: Callable[[], Sequence[Sampled]],
+        usage: bool = True,
         contain: tuple[bool, bool] = (True, False),
         stop: tuple[int, float] = (signal.SIGTERM, 5.0),
     ) -> None:
         self._name = name
+        self._live = live
+        self.usage = UsageSampler.make(usage, live)
+        if self.usage is not None and monitor is not None:
+            self.usage.add_listener(monitor.usage_event)
         self._hub = hub
         self._lifeline = lifeline
         self._monitor = monitor
         self._handle_signals = handle_signals
-        self._live_count = live_count
         self.token: LoopToken | None = None
         self.tg: TaskGroup | None = None
         self.closing = False
@@ -79,6 +85,9 @@ class Scope:
         self._contain = _contain.Containment(
             name, cgroup=contain[0], subreaper=contain[1], marker=lifeline.marker
         )
+
+    def _live_count(self) -> int:
+        return len(self._live())
 
     async def enter(self) -> None:
         """Open the log service, the lifeline, the signals, the task group and its services."""
@@ -118,6 +127,7 @@ class Scope:
             lifeline_remove=self._lifeline.remove,
             signals=self.signals,
             open_streams=set(),
+            usage=self.usage,
         )
         # Each service must run, or the exit waits for it forever (the
         # collector's hand-over, the log server's end, the monitor's): they
@@ -139,6 +149,9 @@ class Scope:
         except BaseException as exc:
             await self._leave_entry(exc)
             raise
+        if self.usage is not None:
+            # Nothing waits for it: a cancellation may end it.
+            tg.start_soon(self.usage.run, self.children_done, name=f"corral usage {self._name}")
         if self._monitor is not None:
             await self._monitor_listens(self._monitor)
             hub.log(logging.INFO, f"monitor at {self._monitor.url}")
@@ -391,6 +404,7 @@ _CORE_MODULES = (
     "_spawn",
     "_supervisor",
     "_token",
+    "_usage",
 )
 
 

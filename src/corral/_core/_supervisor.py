@@ -51,9 +51,11 @@ if TYPE_CHECKING:
 
     from .._logs._hub import LogHub
     from .._logs._sources import Source
+    from .._sys._proc import ResourceUsage
     from ._options import RestartPolicy
     from ._signals import Subscription
     from ._token import LoopToken
+    from ._usage import UsageSampler
 
 __all__ = ["STABLE_AFTER", "ProcessServices", "Supervisor"]
 
@@ -74,6 +76,8 @@ class ProcessServices:
     #: The pipes the runner handed to users as streams; those still open are
     #: closed when the runner exits.
     open_streams: set[UserStream]
+    #: What samples each child's CPU and memory (``None``: ``usage=False``).
+    usage: UsageSampler | None = None
 
 
 class Supervisor:
@@ -133,6 +137,13 @@ class Supervisor:
         self.run = self._make_run(spawned)
 
     # -- what its process reads -------------------------------------------------------
+
+    def usage(self) -> ResourceUsage | None:
+        """The current run's figures at the last sample, while it runs (and is sampled)."""
+        sampler = self._services.usage
+        if sampler is None or self.peek_returncode() is not None:
+            return None
+        return sampler.by_pid.get(self.run.pid)
 
     def peek_returncode(self) -> int | None:
         """``None`` while running; then the exit code, or ``-signum`` if a signal killed it.

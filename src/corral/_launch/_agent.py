@@ -44,6 +44,7 @@ from .._logs._records import format_message, source_of
 from .._logs._sinks import BlockSink
 from .._logs._sources import Source
 from .._logs._wire import Record
+from .._sys._proc import INTERVAL, TreeSampler
 from . import _link
 from ._context import StartFn
 from ._hosts import free_port
@@ -187,6 +188,7 @@ async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
             handle_signals=True,
             # The agent owns its process: what its workers orphan is its own.
             subreaper=True,
+            usage=False,  # the agent samples its workers itself (_report_usage)
         ) as runner:
             port = free_port("") if index == 0 else 0
             try:
@@ -267,10 +269,38 @@ async def _obey(link: _Link, workers: HostWorkers, config: _link.AgentConfig) ->
     async with anyio.create_task_group() as tg:
         if config.watch_stdin:
             tg.start_soon(watch_stdin)
+        if config.usage:
+            tg.start_soon(_report_usage, link, workers)
         tg.start_soon(receive)
         await done.wait()
         tg.cancel_scope.cancel()
     return lost
+
+
+async def _report_usage(link: _Link, workers: HostWorkers) -> None:
+    """Send what each running worker costs, every :data:`INTERVAL` seconds, until cancelled."""
+    sampler = TreeSampler()
+    limiter = anyio.CapacityLimiter(1)
+    said = False
+    while True:
+        began = anyio.current_time()
+        names = {p.pid: p.name for p in workers.processes if p.returncode is None}
+        if names or said:
+            figures = await anyio.to_thread.run_sync(sampler.sample, list(names), limiter=limiter)
+            message = _link.Usage(
+                [
+                    _link.WorkerUsage(
+                        names[pid], pid, u.cpu_percent, u.rss, u.gpu_memory, u.processes
+                    )
+                    for pid, u in figures.items()
+                ]
+            )
+            try:
+                await link.send(message)
+            except _link.LinkLost:
+                return
+            said = bool(figures)
+        await anyio.sleep(INTERVAL - (anyio.current_time() - began))
 
 
 def main(open_runner: OpenRunner) -> int:

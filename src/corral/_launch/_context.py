@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from anyio.abc import ByteSendStream
 
     from .._logs._wire import Record
+    from .._sys._proc import ResourceUsage
 
-__all__ = ["LaunchContext", "LogForwarder", "StartFn", "WorkerProcess"]
+__all__ = ["LaunchContext", "LogForwarder", "StartFn", "UsageSink", "WorkerProcess"]
 
 
 class WorkerProcess(Protocol):
@@ -88,6 +89,14 @@ class LogForwarder(Protocol):
         """A warning of the runner's own (a stranger knocked on the link, say)."""
 
 
+class UsageSink(Protocol):
+    """Where a launch hands what its agents say their workers cost (the runner's sampler)."""
+
+    def remote(self, agent: str, figures: Mapping[str, ResourceUsage]) -> None:
+        """``agent``'s workers' figures (``agent-1``: each worker by its name in the
+        runner, ``agent-1.worker-0``); none once the agent is done."""
+
+
 @dataclass(frozen=True)
 class LaunchContext:
     """The runner a launch runs in, as the launch sees it."""
@@ -98,3 +107,5 @@ class LaunchContext:
     logs: LogForwarder
     #: The runner's default grace period.
     grace: float
+    #: Where the figures of the agents' workers go, if the runner samples its children's.
+    usage: UsageSink | None = None

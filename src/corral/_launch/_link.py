@@ -62,6 +62,9 @@ Agent to launcher:
 ``WorkerExit``
     a worker's process has exited (return code, stderr tail, and what its
     error file says, if it wrote one).
+``Usage``
+    what each running worker costs (CPU, memory, GPU memory of its tree),
+    about once a second, when the launcher's runner samples its own children.
 ``Stopping``
     the agent stops its workers on its own, and says why (under ssh: its
     standard input, the ssh client's pipe, was closed).
@@ -120,9 +123,11 @@ __all__ = [
     "Records",
     "Stop",
     "Stopping",
+    "Usage",
     "WorkerError",
     "WorkerExit",
     "WorkerResult",
+    "WorkerUsage",
     "check_link_timeout",
     "decode_config",
     "decoder",
@@ -223,6 +228,19 @@ class WorkerExit(msgspec.Struct, tag="exit", array_like=True, frozen=True):
     duration: float = 0.0  # seconds from spawn to exit
 
 
+class WorkerUsage(msgspec.Struct, array_like=True, frozen=True):
+    source: str  # "worker-<j>"
+    pid: int
+    cpu_percent: float
+    rss: int
+    gpu_memory: int | None
+    processes: int
+
+
+class Usage(msgspec.Struct, tag="usage", array_like=True, frozen=True):
+    workers: list[WorkerUsage]
+
+
 class Stopping(msgspec.Struct, tag="stopping", array_like=True, frozen=True):
     reason: str
 
@@ -259,6 +277,7 @@ LinkMessage: TypeAlias = (
     | WorkerResult
     | WorkerError
     | WorkerExit
+    | Usage
     | Stopping
     | AgentDone
     | Job
@@ -455,6 +474,7 @@ class AgentConfig(msgspec.Struct, frozen=True):
     log_dir: str | None = None
     start_timeout: float = 60.0  # to dial back
     link_timeout: float = DEFAULT_LINK_TIMEOUT
+    usage: bool = False  # sample the workers, send Usage
 
 
 def encode_config(**fields: Any) -> str:

@@ -12,6 +12,7 @@ import anyio
 import anyio.abc
 
 from .._errors import LaunchError
+from .._sys._proc import ResourceUsage
 from . import _link
 from ._coordinator import Coordinator
 from ._hosts import dial_back_addresses
@@ -130,6 +131,7 @@ class _Remote:
                     tg.cancel_scope.cancel()
             finally:
                 link.lose(why)
+                self._usage(agent.index, [])
                 agent.ended.set()
                 agent.finished.set()
                 if not agent.done.is_set():
@@ -159,12 +161,27 @@ class _Remote:
             await self.coordinator.error(index, message)
         elif isinstance(message, _link.WorkerExit):
             await self.coordinator.exited(index, message)
+        elif isinstance(message, _link.Usage):
+            self._usage(index, message.workers)
         elif isinstance(message, _link.Stopping):
             self.coordinator.agent_lost(index, f"stopped its workers: {message.reason}")
         elif isinstance(message, _link.AgentDone):
             agent.done.set()
             agent.ended.set()
             self.coordinator.agent_done(index)
+
+    def _usage(self, index: int, workers: list[_link.WorkerUsage]) -> None:
+        """What agent ``index`` says its workers cost (none: it has no more)."""
+        if self.ctx.usage is None:
+            return
+        host = self.plan.hosts[index]
+        figures = {
+            self._relative(index, w.source): ResourceUsage(
+                w.pid, w.cpu_percent, w.rss, w.gpu_memory, w.processes, host
+            )
+            for w in workers
+        }
+        self.ctx.usage.remote(f"agent-{index}", figures)
 
     @staticmethod
     def _relative(agent: int, source: str) -> str:
@@ -187,6 +204,7 @@ class _Remote:
                 watch_stdin=False,
                 log_level=plan.log_level,
                 log_dir=plan.host_log_dir,
+                usage=self.ctx.usage is not None,  # the agent samples its workers
                 **timeouts,
             )
             nodes = len(plan.hosts)
@@ -219,6 +237,7 @@ class _Remote:
                 watch_stdin=True,
                 log_level=plan.log_level,
                 log_dir=plan.host_log_dir,
+                usage=self.ctx.usage is not None,  # the agent samples its workers
                 **timeouts,
             )
             proc = await self.ctx.start(

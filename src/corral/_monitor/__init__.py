@@ -37,9 +37,12 @@ follows.
 
 The protocol (version 1), JSON text messages, server to client:
 
-``{"type": "hello", "v": 1, "runner": NAME, "log_path": PATH|null, "processes": [PROCESS...]}``
-    first, a snapshot of every process; then, in a ``logs`` message, the last
-    few hundred log records from before the client came.
+``{"type": "hello", "v": 1, "runner": NAME, "log_path": PATH|null, "processes": [PROCESS...],
+"usage": [SAMPLE...]}``
+    first, a snapshot of every process and the last samples of what each
+    costs (oldest first, at most :data:`USAGE_HISTORY` and
+    :data:`USAGE_HISTORY_BYTES`); then, in a ``logs`` message, the last few
+    hundred log records from before the client came.
 ``{"type": "process", ...PROCESS}``
     a process changed state.  PROCESS is ``{"name", "source", "pid", "state"
     ("running", "restarting", "exited", "failed"), "returncode", "started"
@@ -47,6 +50,11 @@ The protocol (version 1), JSON text messages, server to client:
 ``{"type": "logs", "records": [[SOURCE, STREAM, LEVEL, TIME, LOGGER, MESSAGE], ...]}``
     log records, in order.  STREAM is ``"stdout"``, ``"stderr"``,
     ``"logging"`` or ``null`` (the runner's own); LEVEL a number.
+``{"type": "usage", ...SAMPLE}``
+    about once a second, what each running process costs (a client that
+    falls behind gets the newest only).  SAMPLE is ``{"time", "processes":
+    {NAME: {"pid", "cpu" (percent of one core), "rss" (bytes), "gpu" (bytes
+    or null), "processes", "host" (null, or a remote worker's host)}}}``.
 ``{"type": "dropped", "count": N}``
     N log events were dropped because this client fell behind.
 ``{"type": "end"}``

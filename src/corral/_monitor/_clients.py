@@ -81,6 +81,7 @@ class Client:
         self.dropped = 0  # rows it lost, not told yet
         self.state = 0  # the number of the state message it gets next
         self.resync: list[bytes] = []  # the newest states, for one that fell far behind
+        self.usage = 0  # the number of the last usage message it has
         self.busy = threading.Lock()  # a take or a filter change at a time
 
     @property
@@ -120,6 +121,7 @@ class MonitorSink(BlockSink):
         self._states: deque[bytes] = deque()
         self._states_first = 0  # the number of the oldest state message held
         self._newest: dict[str, bytes] = {}  # each process's newest state message
+        self._usage: tuple[int, bytes] = (0, b"")  # the newest usage message, and its number
         self._in_flight = 0  # bytes of the messages being sent
         self._loop: LoopHandle | None = None
         self._waiting = False  # a client waits for an entry
@@ -214,6 +216,19 @@ class MonitorSink(BlockSink):
         if poke:
             self._fire()
 
+    def push_usage(self, message: bytes) -> None:
+        """What each process costs now (on the loop): a client gets only the newest."""
+        with self._lock:
+            self._usage = (self._usage[0] + 1, message)
+            poke, self._waiting = self._waiting, False
+        if poke:
+            self._fire()
+
+    def usage_position(self) -> int:
+        """The number of the newest usage message (a client that joins has it in its hello)."""
+        with self._lock:
+            return self._usage[0]
+
     def end(self) -> None:
         """The runner has ended (on the loop): every client is woken to say so."""
         self._ended = True
@@ -234,6 +249,7 @@ class MonitorSink(BlockSink):
             client.entry < self._first + len(self._held)
             or client.state < self._states_first + len(self._states)
             or bool(client.resync)
+            or client.usage < self._usage[0]
         )
 
     # -- a client's own (in a worker thread) -------------------------------------------------
@@ -373,12 +389,18 @@ class MonitorSink(BlockSink):
                     index += 1
                 dropped, client.dropped = client.dropped, 0
                 entry, offset, wanted = client.entry, client.offset, client.filter
+                usage = b""
+                if client.usage < self._usage[0]:
+                    client.usage, usage = self._usage
+                    size += len(usage)
             if dropped:
                 messages.append(JSON.encode({"type": "dropped", "count": dropped}))
             messages.extend(states)
             made, entry, offset = make_rows(entries, entry, offset, wanted, limit - size)
             if made:
                 messages.append(logs_message(made))
+            if usage:
+                messages.append(usage)
             size = sum(map(len, messages))
             with self._lock:
                 client.entry, client.offset = entry, offset

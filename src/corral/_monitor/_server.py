@@ -14,7 +14,8 @@ import secrets
 import socket
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
@@ -29,6 +30,7 @@ from ._rows import JSON
 
 if TYPE_CHECKING:
     from .._sys._backend import LoopHandle
+    from .._sys._proc import ResourceUsage
 
 __all__ = [
     "DEFAULT_HOST",
@@ -70,6 +72,12 @@ MAX_CLIENT_MESSAGE: Final = 4096
 #: client that reads nothing for that long answers no ping either.
 PING_INTERVAL: Final = 20.0
 PING_TIMEOUT: Final = 20.0
+#: Samples of what each process costs that the monitor keeps for a client that
+#: comes (its first message has them, for the page's sparklines): the last
+#: few minutes at one a second ...
+USAGE_HISTORY: Final = 180
+#: ... and at most this many bytes of them (the newest sample at least).
+USAGE_HISTORY_BYTES: Final = 512 * 1024
 #: Seconds the monitor may take to start listening (resolving its host's
 #: name, binding); past them, or if the address cannot be had, entering the
 #: runner fails with an :class:`OSError` naming the address and the reason.
@@ -160,6 +168,9 @@ class Monitor:
         self._runner_name = runner_name
         self._log_path: str | None = None
         self._processes: dict[str, dict[str, Any]] = {}
+        #: The last samples of what each process costs, in JSON, oldest first.
+        self._usage: deque[bytes] = deque()
+        self._usage_bytes = 0
         self._loop: LoopHandle | None = None
         #: Set once the monitor listens, or once it could not (then :attr:`error`).
         self.ready = anyio.Event()
@@ -194,6 +205,38 @@ class Monitor:
         self._processes[proc.name] = info
         self.sink.push_state(proc.name, JSON.encode({"type": "process", **info}))
 
+    def usage_event(self, now: float, figures: Mapping[str, ResourceUsage]) -> None:
+        """What each process costs now (on the loop, about once a second)."""
+        sample = JSON.encode(
+            {
+                "time": round(now, 3),
+                "processes": {
+                    name: {
+                        "pid": usage.pid,
+                        "cpu": usage.cpu_percent,
+                        "rss": usage.rss,
+                        "gpu": usage.gpu_memory,
+                        "processes": usage.processes,
+                        "host": usage.host,
+                    }
+                    for name, usage in figures.items()
+                },
+            }
+        )
+        history = self._usage
+        history.append(sample)
+        self._usage_bytes += len(sample)
+        while len(history) > 1 and (
+            len(history) > USAGE_HISTORY or self._usage_bytes > USAGE_HISTORY_BYTES
+        ):
+            self._usage_bytes -= len(history.popleft())
+        self.sink.push_usage(b'{"type":"usage",' + sample[1:])
+
+    @property
+    def usage_history(self) -> tuple[int, int]:
+        """The samples kept for clients that come, and their bytes."""
+        return len(self._usage), self._usage_bytes
+
     def clients(self) -> list[Client]:
         return self.sink.clients
 
@@ -205,7 +248,7 @@ class Monitor:
     # -- serving ----------------------------------------------------------------------------
 
     def _snapshot(self) -> bytes:
-        return JSON.encode(
+        hello = JSON.encode(
             {
                 "type": "hello",
                 "v": PROTOCOL_VERSION,
@@ -214,6 +257,7 @@ class Monitor:
                 "processes": list(self._processes.values()),
             }
         )
+        return hello[:-1] + b',"usage":[' + b",".join(self._usage) + b"]}"
 
     def page(self) -> bytes:
         if self._page is None:
@@ -319,6 +363,7 @@ class Monitor:
         if self.idle.is_set():
             self.idle = anyio.Event()
         client.state = sink.state_position()
+        client.usage = sink.usage_position()
         snapshot = self._snapshot()
         self._joining += 1
         try:

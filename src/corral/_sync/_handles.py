@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .._core._process import Process
     from .._core._runner import Runner
     from .._logs._sources import LogTail
+    from .._sys._proc import ResourceUsage
     from ._portal import Portal
 
 __all__ = ["SyncLogTail", "SyncProcess"]
@@ -71,6 +72,12 @@ class SyncProcess:
         """The exit code if the child has exited, else ``None`` (never waits)."""
         process = self._process
         return self._portal.peek("Process.poll", process.poll)
+
+    @property
+    def usage(self) -> ResourceUsage | None:
+        """What the child costs at the last sample, as :attr:`Process.usage`."""
+        process = self._process
+        return self._portal.peek("Process.usage", lambda: process.usage)
 
     @property
     def stderr_tail(self) -> bytes:

@@ -15,6 +15,7 @@ from .._core._token import LoopToken
 from .._errors import CorralError
 from .._launch._options import LaunchOptions
 from .._results import CompletedProcess, LaunchResult
+from .._sys._proc import ResourceUsage
 from ._handles import SyncProcess
 from ._portal import Portal, hide_internal_frames
 
@@ -151,6 +152,12 @@ class SyncRunner:
     def log_lines_lost(self) -> int:
         """The lines the log files could not write, as :attr:`Runner.log_lines_lost`."""
         return self.runner.log_lines_lost
+
+    @property
+    def usage(self) -> Mapping[str, ResourceUsage]:
+        """What each running child costs at the last sample, as :attr:`Runner.usage`."""
+        runner = self.runner
+        return self._portal.peek("Runner.usage", lambda: dict(runner.usage))
 
     @property
     def monitor_url(self) -> str | None:

@@ -8,8 +8,10 @@ cancellation).  ``_contain``: what a runner's children leave behind (a
 descendant that left its process group), found through a cgroup of the
 runner's own (``_cgroup``) or as a child subreaper, and stopped.
 ``_childenv``: the ``CORRAL_*`` environment a child is started with (the
-child side imports it, so it is standard library only).  A port to
-another Unix replaces this folder, and the lifeline's scan of ``/proc``.
+child side imports it, so it is standard library only).  ``_proc``: what a
+process tree costs (CPU, resident memory, GPU memory), read from ``/proc``.
+A port to another Unix replaces this folder, and the lifeline's scan of
+``/proc``.
 
-Public face: _platform, _backend, _childenv, _contain
+Public face: _platform, _backend, _childenv, _contain, _proc
 """
