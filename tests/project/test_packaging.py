@@ -23,6 +23,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 OPTIONAL_IMPORTS = {
     "pytest": "corral.testing is the pytest plugin: pytest itself loads it",
     "torch": "tried, to count the GPUs of a host; corral works without it",
+    "pynvml": "the gpu extra (nvidia-ml-py): each rank's GPU memory where NVIDIA's driver is",
 }
 
 #: Distributions of an extra that ``src/`` does not import by name, each with its reason.

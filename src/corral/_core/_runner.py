@@ -45,8 +45,8 @@ import anyio.to_thread
 from .._checks import check_grace, check_signal, with_keywords
 from .._launch._context import LaunchContext
 from .._launch._options import LaunchOptions, LaunchSpec
-from .._logs._hub import LogHub
-from .._logs._router import Route, routes_of
+from .._logs._hub import LogHub, routes_of
+from .._logs._router import Route
 from .._monitor._clients import MonitorSink
 from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult

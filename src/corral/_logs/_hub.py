@@ -45,7 +45,7 @@ from ._sources import Backlogs, Source
 if TYPE_CHECKING:
     from ._wire import Record
 
-__all__ = ["Forwarder", "LogHub", "protected_modules"]
+__all__ = ["Forwarder", "LogHub", "protected_modules", "routes_of"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -354,3 +354,18 @@ def protected_modules() -> list[ModuleType]:
         _sinks,
         _sources,
     ]
+
+
+def routes_of(handlers: object) -> list[Route]:
+    """A runner's ``handlers=`` (a handler, a :class:`Route` or a sequence of them) as routes."""
+    if isinstance(handlers, (logging.Handler, Route)):
+        handlers = [handlers]
+    routes = []
+    for handler in handlers:  # type: ignore[attr-defined]
+        if isinstance(handler, Route):
+            routes.append(handler)
+        elif isinstance(handler, logging.Handler):
+            routes.append(Route(handler))
+        else:
+            raise TypeError(f"handlers: {handler!r} is neither a logging.Handler nor a Route")
+    return routes

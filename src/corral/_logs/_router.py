@@ -48,7 +48,7 @@ from ._sinks import BlockSink
 from ._sources import BACKLOG_RECORDS, Backlogs, Source, line_block, record_block, wire_block
 from ._wire import Hello, Record, WireError
 
-__all__ = ["MAX_LINE", "PROGRESS_INTERVAL", "Route", "Router", "routes_of"]
+__all__ = ["MAX_LINE", "PROGRESS_INTERVAL", "Route", "Router"]
 
 #: A "line" longer than this is cut and delivered in pieces.
 MAX_LINE: Final = 1024 * 1024
@@ -78,21 +78,6 @@ class Route:
     handler: logging.Handler
     pattern: str = "*"
     level: int | None = None
-
-
-def routes_of(handlers: object) -> list[Route]:
-    """A runner's ``handlers=`` (a handler, a :class:`Route` or a sequence of them) as routes."""
-    if isinstance(handlers, (logging.Handler, Route)):
-        handlers = [handlers]
-    routes = []
-    for handler in handlers:  # type: ignore[attr-defined]
-        if isinstance(handler, Route):
-            routes.append(handler)
-        elif isinstance(handler, logging.Handler):
-            routes.append(Route(handler))
-        else:
-            raise TypeError(f"handlers: {handler!r} is neither a logging.Handler nor a Route")
-    return routes
 
 
 class _Targets:
