@@ -287,5 +287,9 @@ def _protected_modules() -> list[ModuleType]:
 
     Looked up by name: each is imported by the time a runner is entered.
     """
-    names = [f"{__package__}.{m}" for m in _CORE_MODULES] + ["corral._checks", "corral._results"]
+    names = [f"{__package__}.{m}" for m in _CORE_MODULES] + [
+        "corral._checks",
+        "corral._errors",
+        "corral._results",
+    ]
     return [sys.modules[n] for n in names if n in sys.modules] + protected_modules()
