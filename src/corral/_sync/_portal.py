@@ -9,6 +9,7 @@ answered through a :class:`concurrent.futures.Future`.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import inspect
 import threading
 import time
@@ -40,6 +41,8 @@ class Portal:
     def __init__(
         self, backend: str, options: dict[str, Any], name: str, longest_grace: float
     ) -> None:
+        if backend == "trio":
+            _require_trio()
         self._backend = backend
         self._options = options
         self._name = name
@@ -79,7 +82,14 @@ class Portal:
         self._longest_grace = max(self._longest_grace, self.runner.grace)
 
     def _run_loop(self) -> None:
-        anyio.run(self._host, backend=self._backend)
+        try:
+            anyio.run(self._host, backend=self._backend)
+        except BaseException as exc:
+            # The loop could not even start (its backend failed): nobody else
+            # would answer the thread waiting in enter().
+            if not self._started.done():
+                self._started.set_exception(exc)
+            raise
 
     async def _host(self) -> None:
         """The helper thread's main task: the runner, and the calls' task group inside it."""
@@ -290,6 +300,18 @@ class _Call:
                 raise  # KeyboardInterrupt, SystemExit...: the runner's too
         else:
             future.set_result(value)
+
+
+def _require_trio() -> None:
+    """Import Trio for ``backend="trio"``; if it is missing, say which extra brings it."""
+    try:
+        importlib.import_module("trio")
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"backend='trio' needs Trio, which cannot be imported here ({exc}); "
+            "install corral's trio extra: pip install 'corral[trio]'",
+            name="trio",
+        ) from exc
 
 
 def _kill_all(runner: Runner) -> None:
