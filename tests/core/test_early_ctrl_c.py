@@ -29,7 +29,9 @@ from tests.helpers.processes import TAG_VAR
 PY = sys.executable
 
 #: Trials per backend in the suite; ``CORRAL_CTRL_C_TRIALS`` asks for more.
-TRIALS = int(os.environ.get("CORRAL_CTRL_C_TRIALS", "8"))
+TRIALS = int(os.environ.get("CORRAL_CTRL_C_TRIALS", "4"))
+#: Seconds for them all: a trial takes well under a second on a quiet machine.
+TIMEOUT = 30 + 10 * TRIALS
 
 #: A KeyboardInterrupt at the very first line of ``datetime`` the process runs: where a
 #: Ctrl-C lands if it comes while msgspec's first import takes datetime's C API.
@@ -117,9 +119,13 @@ TRIALS_SCRIPT = textwrap.dedent(
                 os.close(write)
             sys.exit(code)
         os.close(write)
+        # A child that hangs is killed (and fails the test: killed by SIGKILL is no outcome).
+        signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
+        signal.alarm(60)
         with os.fdopen(read) as f:
             said = f.read()
         _, status = os.waitpid(pid, 0)
+        signal.alarm(0)
         return os.waitstatus_to_exitcode(status), json.loads(said or "[]")
 
     code, marks = trial(None)
@@ -141,7 +147,7 @@ TRIALS_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT + 30)
 def test_ctrl_c_at_random_instants_of_the_first_runner_and_launch(tag: str, tmp_path: Path) -> None:
     """SIGINT at random instants of a fresh process's first runner and first launch."""
     helpers = {}
@@ -155,8 +161,14 @@ def test_ctrl_c_at_random_instants_of_the_first_runner_and_launch(tag: str, tmp_
             text=True,
             env={**os.environ, "TMPDIR": str(folder), TAG_VAR: tag},
         )
-    for backend, helper in helpers.items():
-        out, err = helper.communicate(timeout=max(60, TRIALS * 3))
+    try:
+        said = {backend: helper.communicate(timeout=TIMEOUT) for backend, helper in helpers.items()}
+    finally:
+        for helper in helpers.values():
+            helper.kill()
+            helper.wait()
+    for backend, (out, err) in said.items():
+        helper = helpers[backend]
         assert helper.returncode == 0, f"{backend}: exit {helper.returncode}: {err[-3000:]}"
         report = json.loads(out.splitlines()[-1])
         outcomes = {int(code): n for code, n in report["outcomes"].items()}
