@@ -306,6 +306,56 @@ def test_ctrl_c_during_a_partition_exits_within_grace(
     assert tagged_pids(tag) == []
 
 
+#: A launcher that reports the LaunchError it gets, on one line.
+REPORTING_LAUNCHER = r"""
+import json, os, sys, time, anyio, corral
+
+cfg = json.loads(sys.argv[1])
+
+def up():  # in __main__: goes by value
+    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
+    time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="rl") as r:
+        try:
+            await r.launch(
+                up, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
+                ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
+                link_timeout=cfg["link_timeout"],
+            )
+        except corral.LaunchError as exc:
+            print("error:", str(exc).replace("\n", " "), flush=True)
+
+anyio.run(main, backend=cfg["backend"])
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_that_was_stopped_says_so_instead_of_blaming_a_host(
+    ssh_hosts: _hosts.SshHosts, tag: str
+) -> None:
+    """SIGSTOP past link_timeout, then SIGCONT: the agents stop their workers (they hear
+    nothing), and the LaunchError says the launcher was not running, not that a host went
+    silent."""
+    cfg = stubborn_cfg(ssh_hosts, tag, "trio", workers=1, link_timeout=LINK_TIMEOUT)
+    with launcher(REPORTING_LAUNCHER, cfg) as run:
+        ups = [line.split("| ")[-1] for line in run.wait_for(r"\| up \d+ \d$", 2)]
+        workers = [int(line.split()[1]) for line in ups]
+        run.proc.send_signal(signal.SIGSTOP)
+        try:
+            # Stopped until both agents noticed the silence and stopped their workers.
+            left = wait_gone(workers, LINK_TIMEOUT + 2 * SLACK)
+        finally:
+            run.proc.send_signal(signal.SIGCONT)
+        assert left == [], f"workers {left} outlived their launcher's silence"
+        (error,) = run.wait_for("^error: ")
+        assert run.proc.wait(30) == 0, run.text()
+    assert "lost the link because this launcher was not running for at least" in error, error
+    assert error.startswith("error: the agent on host "), error
+    assert tagged_pids(tag) == []
+
+
 # -- 2. nothing unauthenticated costs memory ------------------------------------------------
 
 #: Peers of each kind that dial the launcher before the real agent does.

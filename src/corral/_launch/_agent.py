@@ -115,6 +115,9 @@ class _Link(_link.Link):
     is stopping its workers anyway.
     """
 
+    ME = "agent"
+    PEER = "launcher"
+
     async def _report(self, message: _link.LinkMessage) -> None:
         try:
             await self.send(message)
