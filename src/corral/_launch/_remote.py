@@ -378,7 +378,7 @@ async def launch_remote(
     if launcher_address is not None:
         wanted = [launcher_address] * len(plan.hosts)
     else:
-        wanted = await anyio.to_thread.run_sync(dial_back_addresses, plan.hosts, plan.ssh)
+        wanted = await dial_back_addresses(plan.hosts, plan.ssh)
     listeners: dict[str, anyio.abc.Listener[anyio.abc.SocketStream]] = {}
     ports: dict[str, int] = {}
     try:
