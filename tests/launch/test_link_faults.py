@@ -108,6 +108,41 @@ def pids_on(lines: list[str], group: int) -> list[int]:
     return [int(words[1]) for words in map(str.split, lines) if int(words[2]) == group]
 
 
+#: After a launcher exits, every process of its launch is gone from every host within this.
+HOSTS_CLEAN_WITHIN = 2.0
+
+
+def on_hosts(hosts: _hosts.SshHosts) -> dict[int, str]:
+    """The processes on the hosts but their sshd listeners (agents, sessions...): pid -> argv."""
+    spaces = {os.stat(f"/proc/{host.sshd_pid}/ns/net").st_ino for host in hosts.hosts}
+    listeners = {host.sshd_pid for host in hosts.hosts}
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in listeners:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/net").st_ino not in spaces:
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+def hosts_clean(hosts: _hosts.SshHosts, timeout: float) -> dict[int, str]:
+    """Wait until nothing but the sshd listeners runs on the hosts; what is left at timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = on_hosts(hosts)
+        if not left or time.monotonic() >= deadline:
+            return left
+        wait_gone(left, deadline - time.monotonic())
+
+
 # -- 1. the link has a deadline -------------------------------------------------------------
 
 
@@ -170,14 +205,20 @@ async def test_partition_stops_the_hosts_workers_and_fails_the_launch(
 class Launcher:
     """A launcher in a subprocess, its stdout and stderr drained by threads and kept."""
 
-    def __init__(self, script: str, cfg: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        script: str,
+        cfg: dict[str, Any],
+        prefix: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, json.dumps(cfg)],
+            [*(prefix or []), sys.executable, "-c", script, json.dumps(cfg)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "NO_COLOR": "1"},
+            env={**(os.environ if env is None else env), "NO_COLOR": "1"},
         )
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -231,8 +272,8 @@ class Launcher:
 
 
 @contextlib.contextmanager
-def launcher(script: str, cfg: dict[str, Any]) -> Iterator[Launcher]:
-    started = Launcher(script, cfg)
+def launcher(script: str, cfg: dict[str, Any], **more: Any) -> Iterator[Launcher]:
+    started = Launcher(script, cfg, **more)
     try:
         yield started
     finally:
@@ -682,6 +723,58 @@ def test_ctrl_c_waits_for_remote_workers_that_ignore_sigterm(
         assert "interrupted" in run.lines, run.text()
 
 
+#: A launcher that takes the signals, with a long grace, and workers that report each signal
+#: they get and go on.
+SIGNAL_REPORTING_LAUNCHER = r"""
+import json, os, signal, sys, time, anyio, corral
+
+cfg = json.loads(sys.argv[1])
+
+def reports_and_holds():  # in __main__: goes by value
+    def say(signum, frame):
+        print("got", signal.Signals(signum).name, os.environ["GROUP_RANK"], flush=True)
+    signal.signal(signal.SIGINT, say)
+    signal.signal(signal.SIGTERM, say)
+    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
+    while True:
+        time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="sg", handle_signals=True, grace=cfg["grace"]) as r:
+        await r.launch(
+            reports_and_holds, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
+            ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
+        )
+
+try:
+    anyio.run(main, backend=cfg["backend"])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_ctrl_c_sends_sigint_to_remote_workers_and_a_second_ends_their_grace(
+    ssh_hosts: _hosts.SshHosts, tag: str, backend: str
+) -> None:
+    """As to local children: the first Ctrl-C is SIGINT on every host (not SIGTERM), the
+    second ends the grace (10 s here) on every host at once."""
+    cfg = stubborn_cfg(ssh_hosts, tag, backend, workers=1, grace=10.0)
+    with launcher(SIGNAL_REPORTING_LAUNCHER, cfg) as run:
+        run.wait_for(r"\| up \d+ \d$", 2)
+        run.proc.send_signal(signal.SIGINT)
+        run.wait_for(r"\| got SIGINT \d$", 2, timeout=10)
+        again = time.monotonic()
+        took = run.interrupt()  # the second Ctrl-C
+        assert took < 2.0, f"the second Ctrl-C took {took:.2f} s: {run.text()}"
+        assert tagged_pids(tag) == [], "remote workers outlived the second Ctrl-C"
+        assert time.monotonic() - again < 3.0
+        assert "got SIGTERM" not in run.text(), run.text()
+        assert "interrupted" in run.lines, run.text()
+
+
 #: Moments of a Ctrl-C, in seconds after the launcher said it is launching: from before
 #: the ssh clients start to after the workers are up.
 MOMENTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
@@ -695,6 +788,7 @@ def test_ctrl_c_at_any_moment_of_a_launch(
 ) -> None:
     """A sweep of Ctrl-C moments: each one out within grace + 1 s, and no worker left."""
     cfg = stubborn_cfg(ssh_hosts, tag, backend, workers=1)
+    assert on_hosts(ssh_hosts) == {}, "a process of an earlier test is still on a host"
     with launcher(STUBBORN_LAUNCHER, cfg) as run:
         run.wait_for("^launching$")
         time.sleep(moment)  # the moment is what is tested, not a wait for something
@@ -703,6 +797,9 @@ def test_ctrl_c_at_any_moment_of_a_launch(
         assert left == [], f"the launcher exited with remote workers {left} still alive"
         assert took < cfg["grace"] + 1.0, f"Ctrl-C took {took:.2f} s: {run.text()}"
         assert run.proc.returncode == 130, run.text()
+    # The agents, their lifelines and ssh sessions follow within the bound.
+    lingering = hosts_clean(ssh_hosts, HOSTS_CLEAN_WITHIN)
+    assert lingering == {}, f"left on the hosts {HOSTS_CLEAN_WITHIN} s after the exit: {lingering}"
 
 
 def test_link_timeout_is_checked() -> None:

@@ -35,7 +35,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Sequence
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
@@ -50,7 +50,6 @@ from .._logs._router import Route
 from .._monitor._clients import MonitorSink
 from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
-from .._sys import _backend
 from ._children import MAX_NAME, Children, check_name
 from ._lifeline import Lifeline
 from ._options import ProcessOptions, StartOptions, StrOrPath
@@ -438,7 +437,7 @@ class Runner:
         self._check_open()
         from .._launch import _launcher  # on first use: no cloudpickle, no agent code before
 
-        self._protect_launch(_launcher.protected_modules())
+        self._scope.protect(_launcher.protected_modules())
         return await _launcher.launch(self._launch_context(), spec, func, args)
 
     @with_keywords(LaunchSpec)
@@ -464,7 +463,7 @@ class Runner:
         self._check_open()
         from .._launch import _launcher
 
-        self._protect_launch(_launcher.protected_modules())
+        self._scope.protect(_launcher.protected_modules())
         return await _launcher.launch(
             self._launch_context(),
             spec,
@@ -473,13 +472,8 @@ class Runner:
             argv=[os.fspath(a) for a in argv] if not isinstance(argv, (str, bytes)) else argv,
         )
 
-    def _protect_launch(self, modules: list[ModuleType]) -> None:
-        """On Trio, protect the launch's code as the runner's own (loaded on first use)."""
-        if self.token.backend == "trio":
-            _backend.protect_on_trio(modules)
-
     def _launch_context(self) -> LaunchContext:
-        return LaunchContext(start=self.start, logs=self._hub.forwarder(), grace=self._grace)
+        return self._scope.launch_context(self.start, self._hub.forwarder(), self._grace)
 
     # -- observing ----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from .._launch._context import LaunchContext, LogForwarder, StartFn
 from .._logs._hub import LogHub, protected_modules
 from .._monitor._serve import serve as serve_monitor
 from .._monitor._server import Monitor
@@ -62,6 +63,8 @@ class Scope:
         self.tg: TaskGroup | None = None
         self.closing = False
         self._aborted = False
+        #: Set by a second signal: stop waiting for anything but the reaping.
+        self.aborted = anyio.Event()
         self.children_done = anyio.Event()
         self.signals: _signals.Subscription | None = None
         self._signal_pending = False
@@ -240,6 +243,21 @@ class Scope:
                     # would have without corral (see corral._core._signals).
                     self.signals.finish()
 
+    def protect(self, modules: list[ModuleType]) -> None:
+        """On Trio, protect more of corral's code (loaded on first use) as the runner's own."""
+        if self.token is not None and self.token.backend == "trio":
+            _backend.protect_on_trio(modules)
+
+    def launch_context(self, start: StartFn, logs: LogForwarder, grace: float) -> LaunchContext:
+        """What a launch in this runner needs of it, the signals that stop it included."""
+        return LaunchContext(
+            start=start,
+            logs=logs,
+            grace=grace,
+            stop_signal=lambda: None if self.signals is None else self.signals.received,
+            aborted=self.aborted.wait,
+        )
+
     def cancel(self) -> None:
         """Cancel the task group: every child is stopped, the ``async with`` ends."""
         assert self.tg is not None
@@ -254,6 +272,7 @@ class Scope:
     def _abort(self) -> None:
         """On the loop, after a second signal: stop waiting for anything but the reaping."""
         self._aborted = True
+        self.aborted.set()
         if self.tg is not None:
             self.tg.cancel_scope.cancel()
         self._hub.abort()

@@ -8,7 +8,7 @@ loaded only when a launch begins.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -47,6 +47,8 @@ class WorkerProcess(Protocol):
     async def wait(self) -> int: ...
 
     async def stop(self, grace: float | None = None) -> int: ...
+
+    def send_signal(self, signal: int) -> None: ...
 
     def kill(self) -> None: ...
 
@@ -98,3 +100,8 @@ class LaunchContext:
     logs: LogForwarder
     #: The runner's default grace period.
     grace: float
+    #: The signal that stops the runner, if one does (SIGINT for a Ctrl-C the runner holds):
+    #: its own children got it, so remote workers get it too.  ``None``: their stop signal.
+    stop_signal: Callable[[], int | None] = lambda: None
+    #: Returns once a second signal said "now": every grace on every host ends at once.
+    aborted: Callable[[], Awaitable[None]] | None = None

@@ -85,6 +85,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import math
+import os
+import select
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -248,6 +251,7 @@ class Job(msgspec.Struct, tag="job", array_like=True, frozen=True):
 
 class Stop(msgspec.Struct, tag="stop", array_like=True, frozen=True):
     grace: float
+    signal: int = 0  # what to send each worker first; 0: its stop signal
 
 
 LinkMessage: TypeAlias = (
@@ -509,3 +513,26 @@ def encode_config(**fields: Any) -> str:
 def decode_config(raw: str) -> AgentConfig:
     """The configuration :func:`encode_config` made."""
     return msgspec.json.decode(base64.b64decode(raw), type=AgentConfig)
+
+
+def read_config() -> AgentConfig | None:
+    """The agent's configuration: from :data:`CONFIG_ENV`, else the first line of stdin."""
+    raw = os.environ.pop(CONFIG_ENV, None)
+    if raw is None:
+        raw = sys.stdin.buffer.readline().decode().strip()
+    return decode_config(raw) if raw else None
+
+
+def stdin_closed() -> bool:
+    """Whether the agent's standard input is at end-of-file already (never waits).
+
+    Under ssh it is the launcher's pipe to the ssh client: closed, the client
+    is gone, and so is any way to reach the launcher or to be stopped by it.
+    (A byte that is there is read and dropped: nothing comes after the
+    configuration.)
+    """
+    try:
+        readable, _, _ = select.select([0], [], [], 0)
+        return bool(readable) and os.read(0, 1) == b""
+    except (OSError, ValueError):
+        return True  # no standard input at all
