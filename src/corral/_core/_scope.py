@@ -256,6 +256,7 @@ class Scope:
             grace=grace,
             stop_signal=lambda: None if self.signals is None else self.signals.received,
             aborted=self.aborted.wait,
+            scratch=self._hub.server.folder,
         )
 
     def cancel(self) -> None:

@@ -105,3 +105,6 @@ class LaunchContext:
     stop_signal: Callable[[], int | None] = lambda: None
     #: Returns once a second signal said "now": every grace on every host ends at once.
     aborted: Callable[[], Awaitable[None]] | None = None
+    #: The runner's private temporary folder, removed by its lifeline if the launcher is
+    #: killed: where this host's workers' error files go.
+    scratch: str | None = None

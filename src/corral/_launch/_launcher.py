@@ -146,7 +146,9 @@ async def _launch_here(
     ctx: LaunchContext, plan: Plan, payload: bytes, coordinator: Coordinator
 ) -> None:
     """This machine: the runner's own children are the workers."""
-    workers = HostWorkers(ctx.start, host=0, prefix="agent-0.", python=sys.executable)
+    workers = HostWorkers(
+        ctx.start, host=0, prefix="agent-0.", python=sys.executable, scratch=ctx.scratch
+    )
     job = job_for(plan, 0, payload, "127.0.0.1", free_port("127.0.0.1"))
     try:
         async with anyio.create_task_group() as tg:

@@ -46,7 +46,9 @@ class HostWorkers:
     so workers in the launcher's own session would share one session's CPU
     time on a busy machine (the ``import torch`` of four workers took twice
     as long on a loaded host).  Their process groups are stopped as any
-    child's.
+    child's.  Their error files (``TORCHELASTIC_ERROR_FILE``) are in a folder
+    made in ``scratch``, the runner's temporary folder, if it is given: its
+    lifeline removes that if the launcher is killed.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class HostWorkers:
         prefix: str,
         python: str,
         cwd: str | None = None,
+        scratch: str | None = None,
     ) -> None:
         self._start_child = start
         self._host = host
@@ -66,7 +69,7 @@ class HostWorkers:
         self._procs: list[WorkerProcess] = []
         self._stopping: float | None = None  # the grace of a stop under way
         self._stop_signal = 0  # and what it sends first (0: each worker's stop signal)
-        self._errors = ErrorFiles()
+        self._errors = ErrorFiles(scratch)
 
     @property
     def processes(self) -> list[WorkerProcess]:
