@@ -397,6 +397,56 @@ def test_a_launcher_that_was_stopped_says_so_instead_of_blaming_a_host(
     assert tagged_pids(tag) == []
 
 
+#: A launcher for a Slurm allocation that reports the LaunchError it gets, on one line; its
+#: workers say their pid, their agent's and their node's group rank.
+SLURM_LAUNCHER = r"""
+import json, os, sys, time, anyio, corral
+
+cfg = json.loads(sys.argv[1])
+
+def up():  # in __main__: goes by value
+    print("up", os.getpid(), os.getppid(), os.environ["GROUP_RANK"], flush=True)
+    time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="sp") as r:
+        try:
+            await r.launch(
+                up, hosts="slurm", extra_env={cfg["tag_var"]: cfg["tag"]},
+                link_timeout=cfg["link_timeout"],
+            )
+        except corral.LaunchError as exc:
+            print("error:", str(exc).replace("\n", " "), flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_slurm_node_gone_silent_fails_the_launch_and_leaves_nothing(
+    slurm_cluster: _hosts.SlurmCluster, tag: str
+) -> None:
+    """One srun step runs every agent; node n2's agent stops answering (SIGSTOP: its link
+    goes silent, as behind a partition, and it cannot act): LaunchError naming n2 within the
+    link deadline, n1's workers stopped, and the step's end takes n2's agent and workers."""
+    cfg = {"tag_var": TAG_VAR, "tag": tag, "link_timeout": LINK_TIMEOUT}
+    with launcher(
+        SLURM_LAUNCHER, cfg, prefix=slurm_cluster.salloc_argv(), env=slurm_cluster.environ()
+    ) as run:
+        ups = [line.split("| ")[-1].split() for line in run.wait_for(r"\| up \d+ \d+ \d$", 2)]
+        (agent,) = {int(ppid) for _, _, ppid, group in ups if group == "1"}
+        os.kill(agent, signal.SIGSTOP)
+        silenced = time.monotonic()
+        (error,) = run.wait_for("^error: ", timeout=LINK_TIMEOUT + 10)
+        raised = time.monotonic()
+        assert run.proc.wait(30) == 0, run.text()
+    assert "agent-1" in error and "n2" in error and "silent" in error, error
+    assert raised - silenced < LINK_TIMEOUT + SLACK, f"{raised - silenced:.2f} s: {error}"
+    # The step's end reaches the stopped agent too (Slurm continues and ends its tasks).
+    assert wait_gone([agent], 10) == [], "n2's agent outlived the srun step"
+    assert wait_gone(tagged_pids(tag), 10) == []
+
+
 # -- 2. nothing unauthenticated costs memory ------------------------------------------------
 
 #: Peers of each kind that dial the launcher before the real agent does.
