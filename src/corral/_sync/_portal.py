@@ -9,6 +9,7 @@ answered through a :class:`concurrent.futures.Future`.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import inspect
 import threading
 import time
@@ -302,15 +303,17 @@ class _Call:
 
 
 def _require_trio() -> None:
-    """Import Trio for ``backend="trio"``; if it is missing, say which extra brings it."""
+    """For ``backend="trio"``: if Trio is not installed, say which extra brings it."""
     try:
-        import trio  # noqa: F401  (whether it imports is what counts)
-    except ImportError as exc:
+        found = importlib.util.find_spec("trio") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["trio"] is None
+        found = False
+    if not found:
         raise ModuleNotFoundError(
-            f"backend='trio' needs Trio, which cannot be imported here ({exc}); "
-            "install corral's trio extra: pip install 'corral[trio]'",
+            "backend='trio' needs Trio, which is not installed here; install corral's "
+            "trio extra: pip install 'corral[trio]'",
             name="trio",
-        ) from exc
+        )
 
 
 def _kill_all(runner: Runner) -> None:
