@@ -382,12 +382,12 @@ def _own_code(module: types.ModuleType) -> Iterable[types.CodeType]:
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        wrapped = getattr(obj, "__wrapped__", None) if callable(obj) else None
-        if wrapped is not None:
-            stack.append(wrapped)
         if isinstance(obj, types.FunctionType):
             if obj.__code__.co_filename == filename:
                 codes.append(obj.__code__)
+            wrapped = getattr(obj, "__wrapped__", None)  # a decorated function's original
+            if wrapped is not None:
+                stack.append(wrapped)
         elif isinstance(obj, type):
             for value in vars(obj).values():
                 if isinstance(value, (staticmethod, classmethod)):
