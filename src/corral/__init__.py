@@ -17,6 +17,13 @@ process (which imports this package first) loads none of the launcher.
 
 from __future__ import annotations
 
+# Before anything of corral imports msgspec: msgspec takes datetime's C API when
+# it is first imported and does not check that it got it.  A Ctrl-C landing
+# while that import of datetime runs is swallowed there, and the interpreter
+# then crashes (SIGSEGV) at the first decoder of a struct.  With datetime
+# loaded first, that step runs no Python code, so nothing can interrupt it; an
+# interrupt here fails this import cleanly instead.
+import datetime  # noqa: F401
 import importlib
 import sys
 import typing

@@ -9,13 +9,17 @@ silently making every KeyboardInterrupt come out wrapped in a group.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import threading
+import types
+from collections.abc import Iterator
 
 import anyio
 import pytest
 
+import corral
 from corral._sys._backend import (
     current_loop,
     is_asyncio_main_task,
@@ -188,3 +192,81 @@ def test_interrupts_on_asyncio_main_task_are_bare_elsewhere_grouped(tmp_path: ob
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "group ['KeyboardInterrupt']"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# -- KeyboardInterrupt protection on Trio -----------------------------------------------------
+
+#: Public names whose code runs on the caller's thread, outside any Trio run (the blocking
+#: facade: its loop runs on a helper thread, where Python delivers no signal): not protected.
+UNPROTECTED_PUBLIC = {"SyncRunner", "SyncProcess", "SyncLogTail", "launch", "open_runner_sync"}
+
+CORRAL_SRC = os.path.dirname(corral.__file__)
+
+
+def _corral_code(value: object) -> Iterator[types.CodeType]:
+    """The code objects of a public function, or of every method of a public class (and of
+    its bases), and the code nested in them."""
+    if isinstance(value, type):
+        functions: list[object] = []
+        for cls in value.__mro__:
+            for member in vars(cls).values():
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                if isinstance(member, property):
+                    functions.extend(f for f in (member.fget, member.fset, member.fdel) if f)
+                else:
+                    functions.append(member)
+    else:
+        functions = [value]
+    codes = []
+    for function in functions:
+        while hasattr(function, "__wrapped__"):
+            if isinstance(function, types.FunctionType):
+                codes.append(function.__code__)
+            function = function.__wrapped__
+        if isinstance(function, types.FunctionType):
+            codes.append(function.__code__)
+    while codes:  # and the code nested in them: closures (tasks, callbacks), lambdas
+        code = codes.pop()
+        yield code
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+def _is_marked(code: types.CodeType) -> bool:
+    # Trio keeps what enable_ki_protection marked in a private map of code objects;
+    # fail loudly here if a release moves it.
+    import trio._core._ki
+
+    try:
+        return bool(trio._core._ki._CODE_KI_PROTECTION_STATUS_WMAP[code])
+    except KeyError:
+        return False
+
+
+def _helper_of_this_test() -> None:
+    pass
+
+
+@pytest.mark.trio
+async def test_every_method_of_every_public_class_is_ki_protected_on_trio() -> None:
+    """Protection goes by code, not by ``__module__`` (which the facade sets to "corral")."""
+    async with corral.open_runner(console=False) as r:
+        await r.launch(os.getpid)  # loads the launch's code, which is protected then
+    unprotected = []
+    checked = 0
+    for name in corral.__all__:
+        value = getattr(corral, name)
+        if not (isinstance(value, type) or callable(value)) or name in UNPROTECTED_PUBLIC:
+            continue
+        for code in _corral_code(value):
+            if not code.co_filename.startswith(CORRAL_SRC):
+                continue
+            checked += 1
+            if not _is_marked(code):
+                unprotected.append(f"{name}: {code.co_qualname}")
+    assert checked > 100, checked
+    assert unprotected == []
+    # The check can tell: what corral does not mean to protect is not marked.
+    sync_code = [c for c in _corral_code(corral.SyncRunner) if c.co_filename.startswith(CORRAL_SRC)]
+    assert sync_code and not any(_is_marked(c) for c in sync_code)
+    assert not _is_marked(_helper_of_this_test.__code__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import subprocess
 import sys
@@ -37,6 +38,92 @@ FD_SCRIPT = textwrap.dedent(
     anyio.run(main, backend=sys.argv[1])
     """
 )
+
+
+NPROC_SCRIPT = textwrap.dedent(
+    """
+    import faulthandler; faulthandler.dump_traceback_later(20, exit=True)
+    import os, resource, sys, anyio, corral
+    tag_var, tag = sys.argv[2], sys.argv[3]
+    NOBODY = 65534
+
+    def tasks_of(uid):
+        count = 0
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    fields = dict(line.split(":", 1) for line in f if ":" in line)
+                if int(fields["Uid"].split()[0]) == uid:
+                    count += int(fields["Threads"])
+            except (OSError, KeyError, ValueError):
+                pass
+        return count
+
+    async def main():
+        async with corral.open_runner(name="burst", console=False) as r:
+            # Root is never held to RLIMIT_NPROC: run as nobody for the burst, keeping
+            # root as the saved user id to come back.
+            limits = resource.getrlimit(resource.RLIMIT_NPROC)
+            os.setresuid(NOBODY, NOBODY, 0)
+            try:
+                resource.setrlimit(resource.RLIMIT_NPROC, (tasks_of(NOBODY) + 3, limits[1]))
+                for i in range(50):
+                    await r.start(["sleep", "1000"], name=f"s{i}", extra_env={tag_var: tag})
+            except corral.ResourceLimitError as exc:
+                print("error:", exc)
+                print("errno:", exc.errno)
+                print("running:", len(r.processes))
+                sys.stdout.flush()
+                sys.stdin.readline()  # the test counts our children now
+            finally:
+                resource.setrlimit(resource.RLIMIT_NPROC, limits)
+                os.setresuid(0, 0, 0)
+            r.cancel()
+
+    anyio.run(main, backend=sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_process_limit_at_a_burst_of_starts_is_reported_clearly(backend: str, tag: str) -> None:
+    """A real RLIMIT_NPROC reached (as a user it binds): ResourceLimitError naming it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NPROC_SCRIPT, backend, TAG_VAR, tag],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        error = proc.stdout.readline()
+        number = int(proc.stdout.readline().split()[1])
+        running = int(proc.stdout.readline().split()[1])
+        # Never a half-started child: every child alive is one the runner lists.
+        assert len(tagged_pids(tag)) == running
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert number == errno.EAGAIN, error
+    assert "RLIMIT_NPROC" in error and "ulimit -u" in error, error
+    assert f"cannot start 's{running}' in runner 'burst'" in error, error
+    assert f"has {running} children running" in error, error
+    assert "user 65534 has" in error, error
+
+
+def test_a_full_file_table_is_reported_clearly() -> None:
+    """ENFILE (the whole system's file table, which no test may fill) names its limit."""
+    from corral._core._spawn import Spawner
+
+    spawner = Spawner("r", None, print, lambda: 7)  # type: ignore[arg-type]
+    error = spawner._limit_error(errno.ENFILE)
+    assert isinstance(error, corral.ResourceLimitError) and error.errno == errno.ENFILE
+    assert "ENFILE" in str(error) and "fs.file-max=" in str(error), error
+    assert "has 7 children running" in str(error), error
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

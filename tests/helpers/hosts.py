@@ -93,6 +93,10 @@ SSH_OPTIONS = (
     "UserKnownHostsFile=/dev/null",
     "-o",
     "LogLevel=ERROR",
+    # The code under test on the remote side too (its agents), when PYTHONPATH points at a
+    # checkout other than the installed one: on real hosts it is installed alike.
+    "-o",
+    "SendEnv=PYTHONPATH",
 )
 
 # Names of the hosts' namespaces and links, and their subnets: host i (from 1) is the namespace
@@ -639,6 +643,7 @@ UsePAM no
 StrictModes no
 PrintMotd no
 PrintLastLog no
+AcceptEnv PYTHONPATH
 """
 
 

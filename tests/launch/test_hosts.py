@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
 import pytest
-from tests.helpers.processes import is_alive, wait_gone
+from tests.helpers.processes import TAG_VAR, is_alive, tagged_pids, wait_gone
 
 if TYPE_CHECKING:
     # Only for the annotations: imported here at run time, before pytest loads it as the plugin
@@ -322,7 +323,31 @@ def test_ssh_is_asked_only_about_names_this_machine_cannot_resolve(tmp_path: Pat
     config = tmp_path / "ssh_config"
     config.write_text(f'Match exec "echo %n >> {calls}"\n  HostName 127.0.0.1\n')
     ssh = SSH(options=["-F", str(config)])
-    assert dial_back_addresses(["127.0.0.1", "localhost"], ssh) == ["127.0.0.1", "127.0.0.1"]
+    assert anyio.run(dial_back_addresses, ["127.0.0.1", "localhost"], ssh) == ["127.0.0.1"] * 2
     assert not calls.exists()  # both resolved here: no ssh at all
-    assert dial_back_addresses(["corral-alias.invalid"], ssh) == ["127.0.0.1"]
+    assert anyio.run(dial_back_addresses, ["corral-alias.invalid"], ssh) == ["127.0.0.1"]
     assert calls.read_text().split() == ["corral-alias.invalid"]
+
+
+@pytest.mark.anyio
+async def test_a_launch_cancelled_during_the_address_lookup_ends_at_once(
+    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ssh -G`` (here one that never answers) and the name lookups are cancellable."""
+    import corral
+
+    hung = tmp_path / "ssh"
+    hung.write_text('#!/bin/sh\necho started > "$0.started"\nexec sleep 1000\n')
+    hung.chmod(0o755)
+    monkeypatch.setenv(TAG_VAR, tag)  # the hung ssh -G inherits it
+    async with corral.open_runner(console=False) as r:
+        began = time.monotonic()
+        with anyio.move_on_after(1.0) as scope:
+            await r.launch(
+                os.getpid, hosts=["corral-nowhere.invalid"], ssh=corral.SSH(executable=str(hung))
+            )
+        took = time.monotonic() - began
+    assert scope.cancelled_caught
+    assert (tmp_path / "ssh.started").exists()  # the lookup was under way
+    assert took < 2.0, f"the cancelled launch took {took:.2f} s"
+    assert tagged_pids(tag) == []  # ssh -G was killed, not left behind

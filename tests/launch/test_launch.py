@@ -1464,3 +1464,54 @@ async def test_local_large_result_is_unpickled_off_the_loop() -> None:
     assert data == b"x" * (3 << 20)
     assert isinstance(unpickled_in, threading.Thread)
     assert unpickled_in is not threading.current_thread()
+
+
+#: A launcher on this machine that says where its lifeline and its workers' error files are.
+ERROR_FILES_LAUNCHER = """
+import os, sys, time, anyio, corral
+
+def up():
+    print("up", os.environ["TORCHELASTIC_ERROR_FILE"], flush=True)
+    time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="ef") as r:
+        print("lifeline", r._lifeline.pid, flush=True)
+        await r.launch(up, workers_per_host=2, extra_env={"TAG_VAR": sys.argv[1]})
+
+anyio.run(main, backend=sys.argv[2])
+""".replace("TAG_VAR", TAG_VAR)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_launcher_killed_mid_launch_leaves_no_error_file_folder(
+    tmp_path: Path, tag: str, backend: str
+) -> None:
+    """The TORCHELASTIC_ERROR_FILE folders go with the launcher's lifeline, as its workers do."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ERROR_FILES_LAUNCHER, tag, backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path), "NO_COLOR": "1"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        lifeline = int(proc.stdout.readline().split()[1])
+        files = []
+        for line in proc.stderr:
+            if "| up " in line:
+                files.append(Path(line.split("| up ", 1)[1].strip()))
+                if len(files) == 2:
+                    break
+        folder = files[0].parents[1]
+        assert folder.name.startswith("corral-errors-") and folder.is_dir(), folder
+        proc.kill()  # SIGKILL: nothing of the launcher runs any more
+        proc.wait()
+        assert wait_gone([lifeline], 10) == [], "the lifeline did not finish"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not folder.exists(), f"{folder} outlived its launcher"
+    assert [p.name for p in tmp_path.iterdir()] == []
+    assert wait_gone(tagged_pids(tag), 5) == []

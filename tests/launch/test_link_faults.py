@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +108,44 @@ def pids_on(lines: list[str], group: int) -> list[int]:
     return [int(words[1]) for words in map(str.split, lines) if int(words[2]) == group]
 
 
+#: After a launcher exits, every process of its launch is gone from every host within this.
+HOSTS_CLEAN_WITHIN = 2.0
+
+
+def on_hosts(hosts: _hosts.SshHosts) -> dict[int, str]:
+    """The processes on the hosts but their sshd listeners (agents, sessions...): pid -> argv."""
+    spaces = {os.stat(f"/proc/{host.sshd_pid}/ns/net").st_ino for host in hosts.hosts}
+    listeners = {host.sshd_pid for host in hosts.hosts}
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in listeners:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/net").st_ino not in spaces:
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+def hosts_clean(
+    hosts: _hosts.SshHosts, timeout: float, before: Collection[int] = ()
+) -> dict[int, str]:
+    """Wait until nothing runs on the hosts but their sshd listeners and the processes
+    ``before`` (there already); what else is left at timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {pid: argv for pid, argv in on_hosts(hosts).items() if pid not in before}
+        if not left or time.monotonic() >= deadline:
+            return left
+        wait_gone(left, deadline - time.monotonic())
+
+
 # -- 1. the link has a deadline -------------------------------------------------------------
 
 
@@ -170,14 +208,20 @@ async def test_partition_stops_the_hosts_workers_and_fails_the_launch(
 class Launcher:
     """A launcher in a subprocess, its stdout and stderr drained by threads and kept."""
 
-    def __init__(self, script: str, cfg: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        script: str,
+        cfg: dict[str, Any],
+        prefix: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, json.dumps(cfg)],
+            [*(prefix or []), sys.executable, "-c", script, json.dumps(cfg)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "NO_COLOR": "1"},
+            env={**(os.environ if env is None else env), "NO_COLOR": "1"},
         )
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -231,8 +275,8 @@ class Launcher:
 
 
 @contextlib.contextmanager
-def launcher(script: str, cfg: dict[str, Any]) -> Iterator[Launcher]:
-    started = Launcher(script, cfg)
+def launcher(script: str, cfg: dict[str, Any], **more: Any) -> Iterator[Launcher]:
+    started = Launcher(script, cfg, **more)
     try:
         yield started
     finally:
@@ -304,6 +348,106 @@ def test_ctrl_c_during_a_partition_exits_within_grace(
             left = wait_gone(on_host_0, link_timeout + SLACK - (time.monotonic() - cut))
             assert left == [], f"host 0's workers {left} outlived the link deadline"
     assert tagged_pids(tag) == []
+
+
+#: A launcher that reports the LaunchError it gets, on one line.
+REPORTING_LAUNCHER = r"""
+import json, os, sys, time, anyio, corral
+
+cfg = json.loads(sys.argv[1])
+
+def up():  # in __main__: goes by value
+    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
+    time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="rl") as r:
+        try:
+            await r.launch(
+                up, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
+                ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
+                link_timeout=cfg["link_timeout"],
+            )
+        except corral.LaunchError as exc:
+            print("error:", str(exc).replace("\n", " "), flush=True)
+
+anyio.run(main, backend=cfg["backend"])
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_that_was_stopped_says_so_instead_of_blaming_a_host(
+    ssh_hosts: _hosts.SshHosts, tag: str
+) -> None:
+    """SIGSTOP past link_timeout, then SIGCONT: the agents stop their workers (they hear
+    nothing), and the LaunchError says the launcher was not running, not that a host went
+    silent."""
+    cfg = stubborn_cfg(ssh_hosts, tag, "trio", workers=1, link_timeout=LINK_TIMEOUT)
+    with launcher(REPORTING_LAUNCHER, cfg) as run:
+        ups = [line.split("| ")[-1] for line in run.wait_for(r"\| up \d+ \d$", 2)]
+        workers = [int(line.split()[1]) for line in ups]
+        run.proc.send_signal(signal.SIGSTOP)
+        try:
+            # Stopped until both agents noticed the silence and stopped their workers.
+            left = wait_gone(workers, LINK_TIMEOUT + 2 * SLACK)
+        finally:
+            run.proc.send_signal(signal.SIGCONT)
+        assert left == [], f"workers {left} outlived their launcher's silence"
+        (error,) = run.wait_for("^error: ")
+        assert run.proc.wait(30) == 0, run.text()
+    assert "lost the link because this launcher was not running for at least" in error, error
+    assert error.startswith("error: the agent on host "), error
+    assert tagged_pids(tag) == []
+
+
+#: A launcher for a Slurm allocation that reports the LaunchError it gets, on one line; its
+#: workers say their pid, their agent's and their node's group rank.
+SLURM_LAUNCHER = r"""
+import json, os, sys, time, anyio, corral
+
+cfg = json.loads(sys.argv[1])
+
+def up():  # in __main__: goes by value
+    print("up", os.getpid(), os.getppid(), os.environ["GROUP_RANK"], flush=True)
+    time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="sp") as r:
+        try:
+            await r.launch(
+                up, hosts="slurm", extra_env={cfg["tag_var"]: cfg["tag"]},
+                link_timeout=cfg["link_timeout"],
+            )
+        except corral.LaunchError as exc:
+            print("error:", str(exc).replace("\n", " "), flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_slurm_node_gone_silent_fails_the_launch_and_leaves_nothing(
+    slurm_cluster: _hosts.SlurmCluster, tag: str
+) -> None:
+    """One srun step runs every agent; node n2's agent stops answering (SIGSTOP: its link
+    goes silent, as behind a partition, and it cannot act): LaunchError naming n2 within the
+    link deadline, n1's workers stopped, and the step's end takes n2's agent and workers."""
+    cfg = {"tag_var": TAG_VAR, "tag": tag, "link_timeout": LINK_TIMEOUT}
+    with launcher(
+        SLURM_LAUNCHER, cfg, prefix=slurm_cluster.salloc_argv(), env=slurm_cluster.environ()
+    ) as run:
+        ups = [line.split("| ")[-1].split() for line in run.wait_for(r"\| up \d+ \d+ \d$", 2)]
+        (agent,) = {int(ppid) for _, _, ppid, group in ups if group == "1"}
+        os.kill(agent, signal.SIGSTOP)
+        silenced = time.monotonic()
+        (error,) = run.wait_for("^error: ", timeout=LINK_TIMEOUT + 10)
+        raised = time.monotonic()
+        assert run.proc.wait(30) == 0, run.text()
+    assert "agent-1" in error and "n2" in error and "silent" in error, error
+    assert raised - silenced < LINK_TIMEOUT + SLACK, f"{raised - silenced:.2f} s: {error}"
+    # The step's end reaches the stopped agent too (Slurm continues and ends its tasks).
+    assert wait_gone([agent], 10) == [], "n2's agent outlived the srun step"
+    assert wait_gone(tagged_pids(tag), 10) == []
 
 
 # -- 2. nothing unauthenticated costs memory ------------------------------------------------
@@ -632,6 +776,58 @@ def test_ctrl_c_waits_for_remote_workers_that_ignore_sigterm(
         assert "interrupted" in run.lines, run.text()
 
 
+#: A launcher that takes the signals, with a long grace, and workers that report each signal
+#: they get and go on.
+SIGNAL_REPORTING_LAUNCHER = r"""
+import json, os, signal, sys, time, anyio, corral
+
+cfg = json.loads(sys.argv[1])
+
+def reports_and_holds():  # in __main__: goes by value
+    def say(signum, frame):
+        print("got", signal.Signals(signum).name, os.environ["GROUP_RANK"], flush=True)
+    signal.signal(signal.SIGINT, say)
+    signal.signal(signal.SIGTERM, say)
+    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
+    while True:
+        time.sleep(1000)
+
+async def main():
+    async with corral.open_runner(name="sg", handle_signals=True, grace=cfg["grace"]) as r:
+        await r.launch(
+            reports_and_holds, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
+            ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
+        )
+
+try:
+    anyio.run(main, backend=cfg["backend"])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_ctrl_c_sends_sigint_to_remote_workers_and_a_second_ends_their_grace(
+    ssh_hosts: _hosts.SshHosts, tag: str, backend: str
+) -> None:
+    """As to local children: the first Ctrl-C is SIGINT on every host (not SIGTERM), the
+    second ends the grace (10 s here) on every host at once."""
+    cfg = stubborn_cfg(ssh_hosts, tag, backend, workers=1, grace=10.0)
+    with launcher(SIGNAL_REPORTING_LAUNCHER, cfg) as run:
+        run.wait_for(r"\| up \d+ \d$", 2)
+        run.proc.send_signal(signal.SIGINT)
+        run.wait_for(r"\| got SIGINT \d$", 2, timeout=10)
+        again = time.monotonic()
+        took = run.interrupt()  # the second Ctrl-C
+        assert took < 2.0, f"the second Ctrl-C took {took:.2f} s: {run.text()}"
+        assert tagged_pids(tag) == [], "remote workers outlived the second Ctrl-C"
+        assert time.monotonic() - again < 3.0
+        assert "got SIGTERM" not in run.text(), run.text()
+        assert "interrupted" in run.lines, run.text()
+
+
 #: Moments of a Ctrl-C, in seconds after the launcher said it is launching: from before
 #: the ssh clients start to after the workers are up.
 MOMENTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
@@ -645,6 +841,7 @@ def test_ctrl_c_at_any_moment_of_a_launch(
 ) -> None:
     """A sweep of Ctrl-C moments: each one out within grace + 1 s, and no worker left."""
     cfg = stubborn_cfg(ssh_hosts, tag, backend, workers=1)
+    before = set(on_hosts(ssh_hosts))  # none, unless an earlier test left some
     with launcher(STUBBORN_LAUNCHER, cfg) as run:
         run.wait_for("^launching$")
         time.sleep(moment)  # the moment is what is tested, not a wait for something
@@ -653,6 +850,9 @@ def test_ctrl_c_at_any_moment_of_a_launch(
         assert left == [], f"the launcher exited with remote workers {left} still alive"
         assert took < cfg["grace"] + 1.0, f"Ctrl-C took {took:.2f} s: {run.text()}"
         assert run.proc.returncode == 130, run.text()
+    # The agents, their lifelines and ssh sessions follow within the bound.
+    lingering = hosts_clean(ssh_hosts, HOSTS_CLEAN_WITHIN, before)
+    assert lingering == {}, f"left on the hosts {HOSTS_CLEAN_WITHIN} s after the exit: {lingering}"
 
 
 def test_link_timeout_is_checked() -> None:

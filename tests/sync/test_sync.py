@@ -499,6 +499,37 @@ def test_blocking_runner_refusals() -> None:
         corral.open_runner_sync().run(["true"])
 
 
+#: A process where Trio (or AnyIO's Trio backend) cannot be imported, asking for it anyway.
+WITHOUT_TRIO = """
+import os, sys
+sys.modules[sys.argv[1]] = None  # as if not installed: its import fails
+import corral
+for what, call in [
+    ("open_runner_sync", lambda: corral.open_runner_sync(backend="trio").__enter__()),
+    ("launch", lambda: corral.launch(os.getpid, backend="trio")),
+]:
+    try:
+        call()
+    except Exception as exc:
+        print(what, type(exc).__name__, exc, flush=True)
+"""
+
+
+@pytest.mark.parametrize("missing", ["trio", "anyio._backends._trio"])
+def test_a_backend_that_cannot_start_raises_at_once(missing: str) -> None:
+    """No hang: the error comes out of open_runner_sync and launch, naming the fix."""
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TRIO, missing], capture_output=True, text=True, timeout=30
+    )
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["open_runner_sync", "launch"], out
+    for line in lines:
+        if missing == "trio":  # the extra to install is corral's own
+            assert "ModuleNotFoundError" in line and "pip install 'corral[trio]'" in line, line
+        else:  # AnyIO's own error, raised instead of waited for
+            assert "LookupError" in line, line
+
+
 def test_logs_and_handlers_reach_python_logging() -> None:
     records = ListHandler()
     with corral.open_runner_sync(name="script", console=False, handlers=[records]) as r:

@@ -155,7 +155,7 @@ class Children:
             # No await from here until the supervisor runs: the name stays ours.
             name = self._unique_name(options.name, spec.program)
             source = self._hub.source(name)
-            spawned = services.spawner.spawn(spec, self._hub.child_env(source))
+            spawned = services.spawner.spawn(spec, self._hub.child_env(source), name)
 
             def exited() -> None:
                 self._exited(proc)

@@ -456,6 +456,7 @@ class Runner:
         self._check_open()
         from .._launch import _launcher  # on first use: no cloudpickle, no agent code before
 
+        self._scope.protect(_launcher.protected_modules())
         return await _launcher.launch(self._launch_context(), spec, func, args)
 
     @with_keywords(LaunchSpec)
@@ -481,6 +482,7 @@ class Runner:
         self._check_open()
         from .._launch import _launcher
 
+        self._scope.protect(_launcher.protected_modules())
         return await _launcher.launch(
             self._launch_context(),
             spec,
@@ -490,7 +492,7 @@ class Runner:
         )
 
     def _launch_context(self) -> LaunchContext:
-        return LaunchContext(self.start, self._hub.forwarder(), self._grace, self._scope.usage)
+        return self._scope.launch_context(self.start, self._hub.forwarder(), self._grace)
 
     # -- observing ----------------------------------------------------------------------
 

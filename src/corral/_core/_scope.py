@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from .._launch._context import LaunchContext, LogForwarder, StartFn
 from .._logs._hub import LogHub, protected_modules
 from .._monitor._serve import serve as serve_monitor
 from .._monitor._server import Monitor
@@ -73,6 +74,8 @@ class Scope:
         self.tg: TaskGroup | None = None
         self.closing = False
         self._aborted = False
+        #: Set by a second signal: stop waiting for anything but the reaping.
+        self.aborted = anyio.Event()
         self.children_done = anyio.Event()
         self.done = anyio.Event()
         self.signals: _signals.Subscription | None = None
@@ -332,6 +335,23 @@ class Scope:
                 f"{_contain.KILL_WAIT:g} s of SIGKILL; the lifeline tries again",
             )
 
+    def protect(self, modules: list[ModuleType]) -> None:
+        """On Trio, protect more of corral's code (loaded on first use) as the runner's own."""
+        if self.token is not None and self.token.backend == "trio":
+            _backend.protect_on_trio(modules)
+
+    def launch_context(self, start: StartFn, logs: LogForwarder, grace: float) -> LaunchContext:
+        """What a launch in this runner needs of it, the signals that stop it included."""
+        return LaunchContext(
+            start=start,
+            logs=logs,
+            grace=grace,
+            stop_signal=lambda: None if self.signals is None else self.signals.received,
+            aborted=self.aborted.wait,
+            scratch=self._hub.server.folder,
+            usage=self.usage,
+        )
+
     def cancel(self) -> None:
         """Cancel the task group: every child is stopped, the ``async with`` ends."""
         assert self.tg is not None
@@ -347,6 +367,7 @@ class Scope:
         """On the loop, after a second signal: stop waiting for anything but the reaping."""
         self._aborted = True
         self._contain.abort()
+        self.aborted.set()
         if self.tg is not None:
             self.tg.cancel_scope.cancel()
         self._hub.abort()
@@ -413,5 +434,9 @@ def _protected_modules() -> list[ModuleType]:
 
     Looked up by name: each is imported by the time a runner is entered.
     """
-    names = [f"{__package__}.{m}" for m in _CORE_MODULES] + ["corral._checks", "corral._results"]
+    names = [f"{__package__}.{m}" for m in _CORE_MODULES] + [
+        "corral._checks",
+        "corral._errors",
+        "corral._results",
+    ]
     return [sys.modules[n] for n in names if n in sys.modules] + protected_modules()

@@ -8,7 +8,9 @@ the same spec).  :class:`Spawner` turns a spec into a running child:
   collection, stdin for input, one for the start-up handshake), retrying
   once the descriptor limit was raised if the process ran out
   (``RLIMIT_NOFILE``), and raises :class:`~corral.ResourceLimitError` before
-  anything is spawned if that is not enough;
+  anything is spawned if that is not enough, or if the system refuses a new
+  process (``EAGAIN``: ``RLIMIT_NPROC``, a ``pids`` cgroup) or a new file
+  (``ENFILE``), naming the limit, the child and how many run;
 * it builds the environment: ``env`` replaces the launcher's, ``extra_env``
   lays variables over it (a ``None`` value removes one), and corral adds its
   own (``PYTHONUNBUFFERED=1`` unless set, the log socket, the handshake, the
@@ -174,9 +176,13 @@ class Spawner:
         self._lifeline = lifeline
         self._log = log
         self._live_count = live_count
+        self._child = ""  # the child being spawned, for errors
 
-    def spawn(self, spec: SpawnSpec, extra: Mapping[bytes, bytes]) -> Spawned:
-        """Spawn ``spec`` with corral's variables ``extra`` in its environment."""
+    def spawn(
+        self, spec: SpawnSpec, extra: Mapping[bytes, bytes], name: str | None = None
+    ) -> Spawned:
+        """Spawn ``spec``, the child ``name``, with corral's variables ``extra`` in its env."""
+        self._child = name if name is not None else spec.program
         env = self._environment(spec, extra)
         opened: list[int] = []  # everything to close if we fail
         child_ends: list[int] = []
@@ -279,7 +285,7 @@ class Spawner:
             for fd in ours.values():
                 os.close(fd)
             if exc.errno in (errno.EMFILE, errno.ENFILE):
-                raise self._limit_error() from exc
+                raise self._limit_error(exc.errno) from exc
             raise
         return Spawned(
             pid,
@@ -322,6 +328,8 @@ class Spawner:
             try:
                 result = make()
             except OSError as exc:
+                if exc.errno in (errno.ENFILE, errno.EAGAIN):
+                    raise self._limit_error(exc.errno) from exc
                 if exc.errno != errno.EMFILE:
                     raise
                 if _platform.raise_fd_limit():
@@ -331,7 +339,7 @@ class Spawner:
                         f"raised the soft RLIMIT_NOFILE to {soft} (hard limit {hard})",
                     )
                     continue
-                raise self._limit_error() from exc
+                raise self._limit_error(errno.EMFILE) from exc
             if opened is not None:
                 if isinstance(result, tuple):
                     opened.extend(result)
@@ -339,15 +347,31 @@ class Spawner:
                     opened.append(result)
             return result
 
-    def _limit_error(self) -> ResourceLimitError:
+    def _limit_error(self, number: int) -> ResourceLimitError:
+        """The error of a start refused for want of ``number`` (EMFILE, ENFILE or EAGAIN)."""
+        what = f"cannot start {self._child!r} in runner {self._runner_name!r}"
+        running = f"the runner has {self._live_count()} children running"
+        per_child = f"it holds up to {_platform.FD_PER_CHILD} descriptors per running child"
+        if number == errno.EAGAIN:
+            return ResourceLimitError(
+                number,
+                f"{what}: the system refused a new process (EAGAIN: "
+                f"{_platform.process_limits()}); {running}. Raise the limit (ulimit -u, or "
+                "LimitNPROC=/TasksMax= under systemd) or run fewer processes at once",
+            )
+        if number == errno.ENFILE:
+            return ResourceLimitError(
+                number,
+                f"{what}: the system's table of open files is full (ENFILE: "
+                f"{_platform.file_table()}); {running} and {per_child}. Raise fs.file-max "
+                "(sysctl) or close files elsewhere",
+            )
         soft, hard = _platform.fd_limits()
         return ResourceLimitError(
-            errno.EMFILE,
-            f"cannot start another child in runner {self._runner_name!r}: out of file "
-            f"descriptors (RLIMIT_NOFILE soft={soft}, hard={hard}; the runner holds up to "
-            f"{_platform.FD_PER_CHILD} per running child and has {self._live_count()} running). "
-            "Raise the hard limit (ulimit -Hn, or LimitNOFILE= under systemd) or run fewer "
-            "children at once",
+            number,
+            f"{what}: out of file descriptors (RLIMIT_NOFILE soft={soft}, hard={hard}); "
+            f"{running} and {per_child}. Raise the hard limit (ulimit -Hn, or LimitNOFILE= "
+            "under systemd) or run fewer children at once",
         )
 
 

@@ -14,5 +14,5 @@ over the link between a launcher and its agents), ``_hosts`` (ssh, Slurm,
 the environment of remote workers) and ``_torchenv`` (the variables torchrun
 gives its workers, and their error files).
 
-Public face: _options, _context, _launcher, _hosts, _agent, _worker, _torchenv
+Public face: _options, _context, _launcher, _hosts, _agent, _worker, _torchenv, _link
 """

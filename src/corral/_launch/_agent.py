@@ -116,6 +116,9 @@ class _Link(_link.Link):
     is stopping its workers anyway.
     """
 
+    ME = "agent"
+    PEER = "launcher"
+
     async def _report(self, message: _link.LinkMessage) -> None:
         try:
             await self.send(message)
@@ -149,10 +152,18 @@ class _AgentExit(Exception):
     """The agent cannot go on; the message says why (for its stderr)."""
 
 
+#: Why an agent under ssh gives up before it dials back.
+CLIENT_GONE = "its ssh client is gone (standard input closed) before the agent could dial back"
+
+
 async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
     index = config.index if config.index >= 0 else int(os.environ.get("SLURM_NODEID", "0"))
     host = config.host or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     name = f"agent-{index}"
+    if config.watch_stdin and _link.stdin_closed():
+        # The launcher killed the ssh client (a Ctrl-C during the start) while
+        # this agent was starting: nobody is there to serve.
+        raise _AgentExit(CLIENT_GONE)
     with anyio.move_on_after(config.start_timeout) as dialing:
         try:
             stream = await anyio.connect_tcp(config.address, config.port)
@@ -224,8 +235,8 @@ async def _obey(link: _Link, workers: HostWorkers, config: _link.AgentConfig) ->
         await workers.run(job, link)
         await confirm()  # every worker's exit is reported by now
 
-    async def stop(grace: float) -> None:
-        await workers.stop(grace)
+    async def stop(grace: float, signum: int = 0) -> None:
+        await workers.stop(grace, signum)
         if not job_started:
             await confirm()  # no job, nothing to report: say so at once
         # With a job, run_job confirms once every worker's exit is reported.
@@ -264,7 +275,7 @@ async def _obey(link: _Link, workers: HostWorkers, config: _link.AgentConfig) ->
                     grace = message.grace
                     tg.start_soon(run_job, message)
                 elif isinstance(message, _link.Stop):
-                    tg.start_soon(stop, message.grace)
+                    tg.start_soon(stop, message.grace, message.signal)
 
     async with anyio.create_task_group() as tg:
         if config.watch_stdin:
@@ -303,19 +314,13 @@ async def _report_usage(link: _Link, workers: HostWorkers) -> None:
         await anyio.sleep(INTERVAL - (anyio.current_time() - began))
 
 
-def main(open_runner: OpenRunner) -> int:
-    """The agent's process: read its configuration, serve the launcher; the exit code.
+def main(open_runner: OpenRunner, config: _link.AgentConfig) -> int:
+    """The agent's process: serve the launcher with ``config``; the exit code.
 
-    ``open_runner`` is :func:`corral.open_runner` (the entry point,
-    ``python -m corral._agent``, passes it).
+    ``open_runner`` is :func:`corral.open_runner`, and ``config`` what
+    :func:`corral._launch._link.read_config` read (the entry point, ``python
+    -m corral._agent``, passes both).
     """
-    raw = os.environ.pop(_link.CONFIG_ENV, None)
-    if raw is None:
-        raw = sys.stdin.buffer.readline().decode().strip()
-    if not raw:
-        print("corral agent: no configuration on stdin", file=sys.stderr)
-        return 2
-    config = _link.decode_config(raw)
     try:
         anyio.run(_serve, config, open_runner)
     except BaseException as exc:  # the link gone, a signal...: say so, exit non-zero

@@ -8,7 +8,7 @@ loaded only when a launch begins.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -48,6 +48,8 @@ class WorkerProcess(Protocol):
     async def wait(self) -> int: ...
 
     async def stop(self, grace: float | None = None) -> int: ...
+
+    def send_signal(self, signal: int) -> None: ...
 
     def kill(self) -> None: ...
 
@@ -109,3 +111,11 @@ class LaunchContext:
     grace: float
     #: Where the figures of the agents' workers go, if the runner samples its children's.
     usage: UsageSink | None = None
+    #: The signal that stops the runner, if one does (SIGINT for a Ctrl-C the runner holds):
+    #: its own children got it, so remote workers get it too.  ``None``: their stop signal.
+    stop_signal: Callable[[], int | None] = lambda: None
+    #: Returns once a second signal said "now": every grace on every host ends at once.
+    aborted: Callable[[], Awaitable[None]] | None = None
+    #: The runner's private temporary folder, removed by its lifeline if the launcher is
+    #: killed: where this host's workers' error files go.
+    scratch: str | None = None

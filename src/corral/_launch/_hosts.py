@@ -32,7 +32,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -237,29 +237,36 @@ def route_address(host: str) -> str:
     return local
 
 
-def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
-    """For each host, this machine's address on the route to it (blocking: run in a thread).
+async def dial_back_addresses(hosts: Sequence[str], ssh: SSH) -> list[str]:
+    """For each host, this machine's address on the route to it.
 
     A name this machine cannot resolve may still be one ssh knows (a
     ``Host`` alias of its configuration): ``ssh -G`` says which host name it
     stands for.  A host that cannot be resolved either way gets the address
     of another host's route, or of this machine's name; ssh then fails on it
     with a message of its own, which is the error the caller will see.
+
+    Cancellable at any point: each name lookup runs in a worker thread that a
+    cancellation abandons (a lookup cannot be interrupted; the thread ends
+    when the resolver gives up), and ``ssh -G`` is a child process that a
+    cancellation kills.
     """
+    import anyio.to_thread
+
+    async def in_thread(function: Callable[[str], str | None], name: str) -> str | None:
+        return await anyio.to_thread.run_sync(function, name, abandon_on_cancel=True)
+
     found: list[str | None] = []
     for host in hosts:
-        address = _route_of(host)
+        address = await in_thread(_route_of, host)
         if address is None:  # ssh -G only for a name this machine cannot resolve
-            alias = _ssh_hostname(host, ssh)
+            alias = await _ssh_hostname(host, ssh)
             if alias is not None:
-                address = _route_of(alias)
+                address = await in_thread(_route_of, alias)
         found.append(address)
     fallback = next((a for a in found if a is not None), None)
     if fallback is None:
-        try:
-            fallback = socket.gethostbyname(socket.gethostname())
-        except OSError:
-            fallback = "127.0.0.1"
+        fallback = await in_thread(_address_of, socket.gethostname()) or "127.0.0.1"
     return [a if a is not None else fallback for a in found]
 
 
@@ -271,29 +278,40 @@ def _route_of(name: str) -> str | None:
         return None
 
 
-def _ssh_hostname(host: str, ssh: SSH) -> str | None:
+def _address_of(name: str) -> str | None:
+    try:
+        return socket.gethostbyname(name)
+    except (OSError, UnicodeError):
+        return None
+
+
+#: Seconds ``ssh -G`` (which reads configuration files, and may run ``Match exec``) may take.
+SSH_G_TIMEOUT: Final = 10.0
+
+
+async def _ssh_hostname(host: str, ssh: SSH) -> str | None:
     """The host name ssh's configuration gives ``host`` (``ssh -G``), if it differs.
 
     Its output is decoded as the arguments were encoded (bytes that are not
     UTF-8 as lone surrogates): a host or an option that is not UTF-8 comes
     back as it went.
     """
-    try:
-        out = subprocess.run(
-            [ssh.executable, *ssh.options, "-G", "--", host],
-            capture_output=True,
-            encoding="utf-8",
-            errors="surrogateescape",
-            timeout=10,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, ValueError, subprocess.TimeoutExpired):  # ValueError: a NUL in an argument
-        return None
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "hostname" and value and value != host:
-            return value
+    import anyio
+
+    with anyio.move_on_after(SSH_G_TIMEOUT):
+        try:
+            out = await anyio.run_process(
+                [ssh.executable, *ssh.options, "-G", "--", host],
+                check=False,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except (OSError, ValueError):  # ValueError: a NUL in an argument
+            return None
+        for line in out.stdout.decode("utf-8", "surrogateescape").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname" and value and value != host:
+                return value
     return None
 
 

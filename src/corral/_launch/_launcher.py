@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
@@ -69,9 +70,36 @@ from ._workers import HostWorkers
 if TYPE_CHECKING:
     from ._context import LaunchContext
 
-__all__ = ["launch"]
+__all__ = ["launch", "protected_modules"]
 
 T = TypeVar("T")
+
+
+#: The modules of a launch whose code runs on the launcher's loop (not ``_worker``'s).
+_LOOP_MODULES = (
+    "_agent",
+    "_context",
+    "_coordinator",
+    "_hosts",
+    "_launcher",
+    "_link",
+    "_options",
+    "_plan",
+    "_remote",
+    "_source",
+    "_torchenv",
+    "_workers",
+)
+
+
+def protected_modules() -> list[ModuleType]:
+    """The modules of a launch that are loaded: KeyboardInterrupt-protected on Trio.
+
+    (See :func:`corral._sys._backend.protect_on_trio`: the runner protects
+    them when a launch begins, once they are loaded.)
+    """
+    names = [f"{__package__}.{name}" for name in _LOOP_MODULES]
+    return [sys.modules[name] for name in names if name in sys.modules]
 
 
 async def launch(
@@ -124,7 +152,9 @@ async def _launch_here(
     ctx: LaunchContext, plan: Plan, payload: bytes, coordinator: Coordinator
 ) -> None:
     """This machine: the runner's own children are the workers."""
-    workers = HostWorkers(ctx.start, host=0, prefix="agent-0.", python=sys.executable)
+    workers = HostWorkers(
+        ctx.start, host=0, prefix="agent-0.", python=sys.executable, scratch=ctx.scratch
+    )
     job = job_for(plan, 0, payload, "127.0.0.1", free_port("127.0.0.1"))
     try:
         async with anyio.create_task_group() as tg:

@@ -88,6 +88,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import math
+import os
+import select
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -266,6 +269,7 @@ class Job(msgspec.Struct, tag="job", array_like=True, frozen=True):
 
 class Stop(msgspec.Struct, tag="stop", array_like=True, frozen=True):
     grace: float
+    signal: int = 0  # what to send each worker first; 0: its stop signal
 
 
 LinkMessage: TypeAlias = (
@@ -359,7 +363,16 @@ class Link:
     receive in progress raise it at once (a send to a cut link would
     otherwise wait forever for a full send buffer to drain).  Run
     :meth:`beat` in a task for as long as the link should be kept alive.
+
+    A side that was itself not running (SIGSTOP or Ctrl-Z, a suspended
+    machine, a loop blocked for seconds) is silent to the other side, which
+    counts the link as cut: the heartbeat notices that it woke up late, and
+    the reason of a loss that follows says so instead of blaming the other
+    side.  :attr:`ME` and :attr:`PEER` name the two sides in that reason.
     """
+
+    ME = "launcher"
+    PEER = "agent"
 
     def __init__(self, stream: anyio.abc.ByteStream, timeout: float) -> None:
         import anyio
@@ -370,6 +383,10 @@ class Link:
         self._lock = anyio.Lock()
         self._lost: str | None = None
         self._scopes: set[anyio.CancelScope] = set()
+        #: When the heartbeat is due to wake next (``None`` while it sends).
+        self._due: float | None = None
+        #: The last time this side was found not running: (seconds, when it ended).
+        self._stalled: tuple[float, float] | None = None
 
     @property
     def lost(self) -> str | None:
@@ -382,6 +399,32 @@ class Link:
             self._lost = reason
         for scope in self._scopes:
             scope.cancel()
+
+    def _own_stall(self) -> float:
+        """Seconds this side itself was just not running (its heartbeat woke that late); or 0."""
+        import anyio
+
+        now = anyio.current_time()
+        stall = 0.0 if self._due is None else now - self._due  # overdue, not woken yet
+        if self._stalled is not None and now - self._stalled[1] < self.timeout:
+            stall = max(stall, self._stalled[0])
+        return stall if stall > heartbeat_interval(self.timeout) else 0.0
+
+    def _lose_here(self, reason: str) -> None:
+        """:meth:`lose`, for what this side saw, saying if it was itself not running."""
+        stall = self._own_stall()
+        if stall >= self.timeout - heartbeat_interval(self.timeout):
+            reason = (
+                f"lost the link because this {self.ME} was not running for at least "
+                f"{stall:.1f} s (stopped by SIGSTOP or Ctrl-Z, a suspended machine, a blocked "
+                f"loop), about as long as link_timeout ({self.timeout:g} s) or more: the "
+                f"{self.PEER}, hearing nothing, counted the link as cut (then, here, it {reason})"
+            )
+        elif stall:
+            reason += (
+                f" (this {self.ME} itself was not running for {stall:.1f} s or more just before)"
+            )
+        self.lose(reason)
 
     @contextlib.contextmanager
     def _until_lost(self) -> Iterator[anyio.CancelScope]:
@@ -407,7 +450,7 @@ class Link:
                     if self._lost is None:
                         await self._stream.send(frame)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                self.lose(f"the link broke ({exc!r})")
+                self._lose_here(f"broke the link ({exc!r})")
         if self._lost is not None:
             raise LinkLost(self._lost)
 
@@ -421,11 +464,11 @@ class Link:
                 try:
                     data = await self._stream.receive()
                 except anyio.EndOfStream:
-                    self.lose("closed the link")
+                    self._lose_here("closed the link")
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    self.lose(f"the link broke ({exc!r})")
+                    self._lose_here(f"broke the link ({exc!r})")
             if quiet.cancelled_caught:
-                self.lose(
+                self._lose_here(
                     f"went silent: nothing came over the link for {self.timeout:g} s "
                     "(link_timeout), so the link counts as cut"
                 )
@@ -447,7 +490,12 @@ class Link:
         frame = encode(Heartbeat())
         interval = heartbeat_interval(self.timeout)
         while self._lost is None:
+            self._due = anyio.current_time() + interval
             await anyio.sleep(interval)
+            late = anyio.current_time() - self._due
+            self._due = None
+            if late > interval:  # this side was not running meanwhile
+                self._stalled = (late, anyio.current_time())
             try:
                 await self.send(frame)
             except LinkLost:
@@ -485,3 +533,26 @@ def encode_config(**fields: Any) -> str:
 def decode_config(raw: str) -> AgentConfig:
     """The configuration :func:`encode_config` made."""
     return msgspec.json.decode(base64.b64decode(raw), type=AgentConfig)
+
+
+def read_config() -> AgentConfig | None:
+    """The agent's configuration: from :data:`CONFIG_ENV`, else the first line of stdin."""
+    raw = os.environ.pop(CONFIG_ENV, None)
+    if raw is None:
+        raw = sys.stdin.buffer.readline().decode().strip()
+    return decode_config(raw) if raw else None
+
+
+def stdin_closed() -> bool:
+    """Whether the agent's standard input is at end-of-file already (never waits).
+
+    Under ssh it is the launcher's pipe to the ssh client: closed, the client
+    is gone, and so is any way to reach the launcher or to be stopped by it.
+    (A byte that is there is read and dropped: nothing comes after the
+    configuration.)
+    """
+    try:
+        readable, _, _ = select.select([0], [], [], 0)
+        return bool(readable) and os.read(0, 1) == b""
+    except (OSError, ValueError):
+        return True  # no standard input at all

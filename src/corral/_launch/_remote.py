@@ -5,7 +5,9 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import signal
 import subprocess
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -241,7 +243,10 @@ class _Remote:
                 **timeouts,
             )
             proc = await self.ctx.start(
-                plan.ssh.argv(host, command),
+                # ssh ignores SIGINT if it starts with SIGINT ignored: a Ctrl-C that
+                # the runner passes on to its children must not end the session
+                # before the stop (with that SIGINT) has gone over the link.
+                ["/bin/sh", "-c", 'trap "" INT && exec "$0" "$@"', *plan.ssh.argv(host, command)],
                 name=f"agent-{index}.ssh",
                 stdin=subprocess.PIPE,
                 check=False,
@@ -303,7 +308,7 @@ class _Remote:
         where = f" on {self.plan.hosts[indices[0]]}" if len(indices) == 1 else ""
         tail = proc.stderr_tail.decode("utf-8", "replace").strip()
         return LaunchError(
-            f"{which}{where} ({' '.join(proc.args[:1])}) exited with code {proc.returncode} "
+            f"{which}{where} ({_program(proc)}) exited with code {proc.returncode} "
             f"before it connected back" + (f": {tail}" if tail else "")
         )
 
@@ -311,7 +316,7 @@ class _Remote:
         missing = []
         for proc, indices in self.commands:
             tail = proc.stderr_tail.decode("utf-8", "replace").strip()
-            program = os.path.basename(proc.args[0])
+            program = os.path.basename(_program(proc))
             said = f" ({program} said: {tail})" if tail else f" ({program} said nothing)"
             for index in indices:
                 if index not in self.agents:
@@ -326,24 +331,41 @@ class _Remote:
     async def stop_all(self, grace: float) -> None:
         """Tell every agent to stop its workers; wait until each confirmed them reaped.
 
-        Waits for each agent until it confirmed (``AgentDone``), or its link
-        is lost (closed, or silent past ``link_timeout``), and at most
+        The workers get the signal that stops the runner, if one does (a
+        Ctrl-C's SIGINT, as the runner's own children got it), else their stop
+        signal.  Waits for each agent until it confirmed (``AgentDone``), or its
+        link is lost (closed, or silent past ``link_timeout``), and at most
         ``grace`` + :data:`STOP_SLACK` seconds in all: an agent kills its
-        workers at the grace deadline, and says so at once.
+        workers at the grace deadline, and says so at once.  A second signal
+        meanwhile ends every grace at once: each agent is told to kill now.
         """
         waiting = [agent for agent in self.agents.values() if not agent.ended.is_set()]
+        signum = self.ctx.stop_signal() or 0
 
         async def stop(agent: _AgentConnection) -> None:
             try:
-                await agent.link.send(_link.Stop(grace))
+                await agent.link.send(_link.Stop(grace, signum))
             except _link.LinkLost:
                 return
             await agent.ended.wait()
 
+        async def hasten(aborted: Callable[[], Awaitable[None]]) -> None:
+            await aborted()
+            for agent in waiting:
+                if not agent.ended.is_set():
+                    try:
+                        await agent.link.send(_link.Stop(0.0, signal.SIGKILL))
+                    except _link.LinkLost:
+                        pass
+
         with anyio.move_on_after(grace + STOP_SLACK):
             async with anyio.create_task_group() as tg:
-                for agent in waiting:
-                    tg.start_soon(stop, agent)
+                if self.ctx.aborted is not None:
+                    tg.start_soon(hasten, self.ctx.aborted)
+                async with anyio.create_task_group() as stops:
+                    for agent in waiting:
+                        stops.start_soon(stop, agent)
+                tg.cancel_scope.cancel()
         late = [self.where(agent.index) for agent in waiting if not agent.ended.is_set()]
         if late:
             self._warn(
@@ -377,9 +399,20 @@ class _Remote:
         for agent in self.agents.values():
             agent.scope.cancel()
         async with anyio.create_task_group() as tg:
-            for proc, _ in self.commands:
+            for proc, indices in self.commands:
                 if proc.returncode is None:
-                    tg.start_soon(proc.stop, 0.5)
+                    # An ssh client whose agent did not confirm may hang on a cut
+                    # link (it ignores a Ctrl-C's SIGINT, and SIGTERM makes it try
+                    # to say goodbye over that link): it is killed at once.  srun
+                    # gets its time to end the step's tasks.
+                    hung = (proc, indices) not in confirmed and not self.plan.slurm
+                    tg.start_soon(proc.stop, 0.0 if hung else 0.5)
+
+
+def _program(proc: WorkerProcess) -> str:
+    """The agent command's program (ssh, srun), past the shell that starts ssh."""
+    args = proc.args
+    return args[3] if args[:2] == ["/bin/sh", "-c"] and len(args) > 3 else args[0]
 
 
 async def launch_remote(
@@ -397,7 +430,7 @@ async def launch_remote(
     if launcher_address is not None:
         wanted = [launcher_address] * len(plan.hosts)
     else:
-        wanted = await anyio.to_thread.run_sync(dial_back_addresses, plan.hosts, plan.ssh)
+        wanted = await dial_back_addresses(plan.hosts, plan.ssh)
     listeners: dict[str, anyio.abc.Listener[anyio.abc.SocketStream]] = {}
     ports: dict[str, int] = {}
     try:

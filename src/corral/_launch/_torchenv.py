@@ -110,14 +110,18 @@ def worker_variables(job: _link.Job, local_rank: int, error_file: str) -> dict[s
 class ErrorFiles:
     """The error files of one host's workers for one launch, in a private folder.
 
-    The blocking calls (:meth:`make`, :meth:`read`, :meth:`remove`) belong in a thread.
+    The folder is made in ``parent`` (the runner's own temporary folder,
+    which its lifeline removes if the launcher is killed), else in the
+    system's temporary folder.  The blocking calls (:meth:`make`,
+    :meth:`read`, :meth:`remove`) belong in a thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parent: str | None = None) -> None:
         self.folder: str | None = None
+        self._parent = parent
 
     def make(self, workers: int) -> None:
-        folder = tempfile.mkdtemp(prefix="corral-errors-")
+        folder = tempfile.mkdtemp(prefix="corral-errors-", dir=self._parent)
         for local_rank in range(workers):
             os.mkdir(os.path.join(folder, str(local_rank)))
         self.folder = folder

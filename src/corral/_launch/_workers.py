@@ -46,7 +46,9 @@ class HostWorkers:
     so workers in the launcher's own session would share one session's CPU
     time on a busy machine (the ``import torch`` of four workers took twice
     as long on a loaded host).  Their process groups are stopped as any
-    child's.
+    child's.  Their error files (``TORCHELASTIC_ERROR_FILE``) are in a folder
+    made in ``scratch``, the runner's temporary folder, if it is given: its
+    lifeline removes that if the launcher is killed.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class HostWorkers:
         prefix: str,
         python: str,
         cwd: str | None = None,
+        scratch: str | None = None,
     ) -> None:
         self._start_child = start
         self._host = host
@@ -65,7 +68,8 @@ class HostWorkers:
         self._cwd = cwd
         self._procs: list[WorkerProcess] = []
         self._stopping: float | None = None  # the grace of a stop under way
-        self._errors = ErrorFiles()
+        self._stop_signal = 0  # and what it sends first (0: each worker's stop signal)
+        self._errors = ErrorFiles(scratch)
 
     @property
     def processes(self) -> list[WorkerProcess]:
@@ -98,25 +102,39 @@ class HostWorkers:
                     self._procs.append(proc)
                     tg.start_soon(self._supervise, proc, results, local_rank, job.payload, reporter)
                 if self._stopping is not None:
-                    tg.start_soon(proc.stop, self._stopping)
+                    tg.start_soon(self._stop_one, proc, self._stopping, self._stop_signal)
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, grace: float, signum: int = 0) -> None:
         """Stop every worker that still runs (stop signal, grace, SIGKILL), all at once.
 
-        Also keeps :meth:`run` from starting any more.  Called again while a
-        stop is under way (the link was lost meanwhile, say), it sends no
-        second stop signal: the shorter grace brings SIGKILL forward.
+        ``signum``, if given, is sent instead of each worker's stop signal (the
+        SIGINT of a Ctrl-C, as the launcher's own children got it).  Also keeps
+        :meth:`run` from starting any more.  Called again while a stop is under
+        way (the link was lost meanwhile, a second Ctrl-C), it sends no second
+        signal: the shorter grace brings SIGKILL forward.
         """
         first = self._stopping is None
         self._stopping = grace if self._stopping is None else min(grace, self._stopping)
+        if first:
+            self._stop_signal = signum
         async with anyio.create_task_group() as tg:
             for proc in self._procs:
                 if proc.returncode is None:
-                    tg.start_soon(self._stop_one if first else self._hasten, proc, grace)
+                    if first:
+                        tg.start_soon(self._stop_one, proc, grace, signum)
+                    else:
+                        tg.start_soon(self._hasten, proc, grace)
 
-    @staticmethod
-    async def _stop_one(proc: WorkerProcess, grace: float) -> None:
-        await proc.stop(grace)
+    @classmethod
+    async def _stop_one(cls, proc: WorkerProcess, grace: float, signum: int) -> None:
+        if not signum:
+            await proc.stop(grace)
+            return
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass  # gone meanwhile
+        await cls._hasten(proc, grace)
 
     @staticmethod
     async def _hasten(proc: WorkerProcess, grace: float) -> None:

@@ -9,6 +9,7 @@ answered through a :class:`concurrent.futures.Future`.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import inspect
 import os
 import threading
@@ -42,6 +43,8 @@ class Portal:
     def __init__(
         self, backend: str, options: dict[str, Any], name: str, longest_grace: float
     ) -> None:
+        if backend == "trio":
+            _require_trio()
         self._backend = backend
         self._options = options
         self._name = name
@@ -81,7 +84,14 @@ class Portal:
         self._longest_grace = max(self._longest_grace, self.runner.grace)
 
     def _run_loop(self) -> None:
-        anyio.run(self._host, backend=self._backend)
+        try:
+            anyio.run(self._host, backend=self._backend)
+        except BaseException as exc:
+            # The loop could not even start (its backend failed): nobody else
+            # would answer the thread waiting in enter().
+            if not self._started.done():
+                self._started.set_exception(exc)
+            raise
 
     async def _host(self) -> None:
         """The helper thread's main task: the runner, and the calls' task group inside it."""
@@ -292,6 +302,20 @@ class _Call:
                 raise  # KeyboardInterrupt, SystemExit...: the runner's too
         else:
             future.set_result(value)
+
+
+def _require_trio() -> None:
+    """For ``backend="trio"``: if Trio is not installed, say which extra brings it."""
+    try:
+        found = importlib.util.find_spec("trio") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["trio"] is None
+        found = False
+    if not found:
+        raise ModuleNotFoundError(
+            "backend='trio' needs Trio, which is not installed here; install corral's "
+            "trio extra: pip install 'corral[trio]'",
+            name="trio",
+        )
 
 
 def _kill_all(runner: Runner) -> None:

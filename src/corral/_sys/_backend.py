@@ -328,15 +328,22 @@ _protected: set[int] = set()
 
 
 def protect_on_trio(modules: Iterable[types.ModuleType]) -> None:
-    """Mark every function and method of ``modules`` as KeyboardInterrupt-protected on Trio.
+    """Mark the code of ``modules`` as KeyboardInterrupt-protected on Trio.
 
     Trio decides protection per code object (walking the stack outward to
-    the first marked frame), so marking our functions protects exactly the
-    code that runs inside them: spawning, supervising and stopping children,
-    the log service, entry and exit of a runner.  An interrupt that arrives
-    there is delivered by Trio to the main task at its next checkpoint, as an
-    exception our clean-up handles.  Idempotent and cheap after the first
-    call; does nothing unless Trio is running.
+    the first marked frame, and to its task's root), so marking our code
+    protects exactly what runs inside it: spawning, supervising and stopping
+    children, the log service, entry and exit of a runner, the tasks they
+    start.  An interrupt that arrives there is delivered by Trio to the main
+    task at its next checkpoint, as an exception our clean-up handles.
+
+    What is marked is chosen by code, not by name: every function and method
+    reachable from the module's namespace whose code was compiled from the
+    module's own file, whatever its ``__module__`` says (the facade renames
+    public classes and functions ``corral.X``), the original of a decorated
+    function (``__wrapped__``), and every function, lambda and comprehension
+    nested in those.  Idempotent and cheap after the first call per module;
+    does nothing unless Trio is running.
     """
     trio = _trio()
     if trio is None:
@@ -345,13 +352,30 @@ def protect_on_trio(modules: Iterable[types.ModuleType]) -> None:
     for module in modules:
         if id(module) in _protected:
             continue
-        for code_owner in _functions(module):
-            protect(code_owner)
+        for code in _own_code(module):
+            protect(_HasCode(code))
         _protected.add(id(module))
 
 
-def _functions(module: types.ModuleType) -> Iterable[types.FunctionType]:
+class _HasCode:
+    """What :func:`trio.lowlevel.enable_ki_protection` reads: something with a ``__code__``."""
+
+    def __init__(self, code: types.CodeType) -> None:
+        self.__code__ = code
+
+
+def _own_code(module: types.ModuleType) -> Iterable[types.CodeType]:
+    """Every code object of the functions and methods defined in ``module``'s own file.
+
+    Found from its namespace (functions; classes and their methods, static
+    and class methods, properties; originals of decorated functions), then
+    nested code (closures, lambdas, comprehensions) inside those.
+    """
+    filename = getattr(module, "__file__", None)
+    if filename is None:
+        return
     seen: set[int] = set()
+    codes: list[types.CodeType] = []
     stack: list[object] = list(vars(module).values())
     while stack:
         obj = stack.pop()
@@ -359,13 +383,24 @@ def _functions(module: types.ModuleType) -> Iterable[types.FunctionType]:
             continue
         seen.add(id(obj))
         if isinstance(obj, types.FunctionType):
-            if obj.__module__ == module.__name__:
-                yield obj
-        elif isinstance(obj, type) and obj.__module__ == module.__name__:
+            if obj.__code__.co_filename == filename:
+                codes.append(obj.__code__)
+            wrapped = getattr(obj, "__wrapped__", None)  # a decorated function's original
+            if wrapped is not None:
+                stack.append(wrapped)
+        elif isinstance(obj, type):
             for value in vars(obj).values():
                 if isinstance(value, (staticmethod, classmethod)):
                     value = value.__func__
                 elif isinstance(value, property):
                     stack.extend(f for f in (value.fget, value.fset, value.fdel) if f)
                     continue
-                stack.append(value)
+                if isinstance(value, (types.FunctionType, type)):
+                    stack.append(value)
+    while codes:
+        code = codes.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        yield code
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))

@@ -44,9 +44,11 @@ __all__ = [
     "exit_status",
     "has_exited",
     "fd_limits",
+    "file_table",
     "is_exiting",
     "open_status",
     "pidfd_open",
+    "process_limits",
     "raise_fd_limit",
     "require_pidfd",
     "reap",
@@ -477,3 +479,52 @@ def raise_fd_limit() -> bool:
     except (ValueError, OSError):
         return False
     return True
+
+
+def process_limits() -> str:
+    """What bounds this user's processes here, and how many it has: for an error message.
+
+    ``RLIMIT_NPROC`` counts the threads of every process of the real user;
+    a ``pids`` cgroup (``TasksMax=`` under systemd) bounds the tasks of its
+    members.  Scans ``/proc``: for an error path only.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    uid, tasks = os.getuid(), 0
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                tasks += int(fields[b"Threads"])
+        except (OSError, KeyError, ValueError):
+            continue  # not a process, or gone meanwhile
+    said = [
+        f"RLIMIT_NPROC soft={_limit(soft)}, hard={_limit(hard)} (ulimit -u); "
+        f"user {uid} has {tasks} processes and threads"
+    ]
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line[3:].strip() for line in f if line.startswith("0::"))
+        with open(f"/sys/fs/cgroup{path}/pids.max") as f:
+            pids_max = f.read().strip()
+        with open(f"/sys/fs/cgroup{path}/pids.current") as f:
+            pids_current = f.read().strip()
+        if pids_max != "max":
+            said.append(f"cgroup {path} pids.max={pids_max} (pids.current={pids_current})")
+    except (OSError, StopIteration):
+        pass
+    return "; ".join(said)
+
+
+def file_table() -> str:
+    """The system's table of open files, used and size (``/proc/sys/fs/file-nr``)."""
+    try:
+        with open("/proc/sys/fs/file-nr") as f:
+            allocated, _, size = f.read().split()
+    except (OSError, ValueError):
+        return "fs.file-max"
+    return f"{allocated} of fs.file-max={size} in use"
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
