@@ -186,7 +186,8 @@ def spawn(
     passed = set(pass_fds)
     steps: list[str] = []
     as_other = user is not None or group is not None or extra_groups is not None
-    if cgroup is not None and not as_other:
+    if cgroup is not None and not as_other and os.access(cgroup, os.W_OK, effective_ids=True):
+        # (A launcher that gave up the right to write there, by seteuid, starts it outside.)
         steps.append(_cgroup.self_move(cgroup))
     if handshake is not None and _childenv.HANDSHAKE_FD in passed:
         raise ValueError(
