@@ -59,14 +59,14 @@ PREFIXED = re.compile(
 HEADER = re.compile(r"name\s+state\s+pid\s+uptime\s+restarts\s+last exit")
 #: A row of the live status table.
 ROW = re.compile(
-    r"(?P<name>\S+)\s+(?P<state>running|exited|failed|stopped|killed|killing|stopping, \d+ s left)"
+    r"(?P<name>\S+)\s+(?P<state>running|exited|failed|stopped|killing|stopping, \d+ s left)"
     r"\s+(?P<pid>\d+)\s+"
     r"(?P<uptime>\d+:\d\d:\d\d)\s+(?P<restarts>\d+)\s+(?P<last>\S+)"
 )
 #: The header and a row of the summary left on a terminal at the end.
 SUMMARY_HEADER = re.compile(r"name\s+ended\s+how\s+ran for")
 SUMMARY_ROW = re.compile(
-    r"(?P<name>\S+)\s+(?P<ended>exited|failed|stopped|killed)\s+"
+    r"(?P<name>\S+)\s+(?P<ended>exited|failed|stopped)\s+"
     r"(?P<how>code \d+|SIG[A-Z]+)\s+(?P<ran>\d+:\d\d:\d\d)"
 )
 #: An SGR sequence (colours, bold...).

@@ -169,7 +169,8 @@ class Scope:
                     # like the log service's own wait for a stuck handler).
                     with anyio.move_on_after(10):
                         await self._hub.delivered(self._hub.collector.mark())
-                    monitor.end()
+                    signals = self.signals
+                    monitor.end(None if signals is None else signals.received)
 
                 await _backend.start_surely(
                     tg, (end_with_the_children, (), f"corral monitor end {self._name}")
