@@ -1564,7 +1564,9 @@ def test_the_corral_command_serves_a_monitor(tmp_path: Path, command: str) -> No
         assert cli.finish() == 0, cli.text()
     # Printed on the command's output as it starts, and logged as a lifecycle record.
     assert f"corral: monitor at {url}" in cli.lines
-    record = rf"{STAMP} job \| monitor at {re.escape(url)}"
+    # (corral up shows corral's own lines as honcho does: "system", aligned.)
+    shown = "job" if command == "run" else "system *"
+    record = rf"{STAMP} {shown} \| monitor at {re.escape(url)}"
     assert any(re.fullmatch(record, line) for line in cli.lines), cli.text()
 
 

@@ -1,11 +1,11 @@
-"""The ``corral`` command: ``corral run``, ``corral up`` and ``corral tail``.
+"""The ``corral`` command: ``run``, ``up`` (with ``check``, ``exec``, ``export``) and ``tail``.
 
-``_main`` (the group with its commands, and :func:`main`, the console
-script), ``_group`` (the group and what its commands share), ``_io`` (its
-stdout, its one-line errors, exit codes), ``_loop`` (the runner loop and the
-status table of ``run`` and ``up``), ``_run``, ``_up`` (with ``_procfile``)
-and ``_tail``, one module per command; ``__main__`` for ``python -m
-corral._cli``.
+``_main`` (the group, whose commands are imported as they are used, and
+:func:`main`, the console script), ``_group`` (what its commands share),
+``_io`` (its stdout, its one-line errors, exit codes), ``_loop`` (the runner
+loop and the status table of ``run`` and ``up``), ``_run``, ``_up`` (with
+``check`` and ``exec``; ``_procfile`` reads what they read) ``_export`` and
+``_tail``; ``__main__`` for ``python -m corral._cli``.
 
 Public face: _main
 """
