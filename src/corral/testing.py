@@ -12,7 +12,8 @@ before.  See :doc:`/howto/testing`.
 * :func:`corral_no_leaks` — fails a test that leaves behind a child process
   (started by any means: corral, :mod:`subprocess`, :func:`os.fork`; a
   zombie too), a file descriptor or a non-daemon thread, names what leaked,
-  and ends the leaked processes.
+  and ends the leaked processes; pytest's process does not wait for a leaked
+  thread at its end (:func:`pytest_unconfigure`).
 
 Importing this module is cheap: it loads neither AnyIO nor the launcher
 until a fixture is used.
@@ -25,6 +26,7 @@ import logging
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -332,6 +334,7 @@ def corral_no_leaks() -> Iterator[None]:
     threads = [t for t in threads if t.is_alive()]
     if threads:
         problems.append(f"{len(threads)} thread(s): " + ", ".join(repr(t.name) for t in threads))
+        _LEAKED.extend(threads)
     # A descriptor is new if its number was free before, or is open on something
     # else now (a number closed and reused during the test).
     fds = {
@@ -345,6 +348,61 @@ def corral_no_leaks() -> Iterator[None]:
         )
     if problems:
         pytest.fail("the test leaked " + "; ".join(problems), pytrace=False)
+
+
+# -- the end of the process, which a leaked thread must not hold up ----------------------------
+
+#: Non-daemon threads a test leaked (reported already): the interpreter would
+#: wait for each at its end, however long it runs.
+_LEAKED: list[threading.Thread] = []
+#: The sessions under way, outermost first (pytester runs some inside others).
+_SESSIONS: list[pytest.Session] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _SESSIONS.append(session)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """At the end of the outermost session: the process will not wait for leaked threads.
+
+    Every test that leaked one has failed, naming it.  Once pytest is done
+    (its reports, every plugin's end, the interpreter's end under way), if
+    any still runs, the process says so on stderr and exits at once with
+    pytest's exit status, as a process whose threads are all daemons would:
+    its ``atexit`` handlers do not run then.
+    """
+    session = next((s for s in _SESSIONS if s.config is config), None)
+    if session is not None:
+        _SESSIONS.remove(session)
+    if session is None or _SESSIONS or not any(t.is_alive() for t in _LEAKED):
+        return
+    threading.Thread(
+        target=_exit_past_leaked_threads,
+        args=(session,),
+        name="corral.testing: leaked threads",
+        daemon=True,
+    ).start()
+
+
+def _exit_past_leaked_threads(session: pytest.Session) -> None:
+    # The main thread is joined once the interpreter's end begins, before it
+    # joins the other non-daemon threads (and before the atexit handlers).
+    threading.main_thread().join()
+    alive = [t for t in _LEAKED if t.is_alive()]
+    if not alive:
+        return
+    names = ", ".join(repr(t.name) for t in alive)
+    with contextlib.suppress(OSError, ValueError):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stderr.write(
+            f"corral.testing: not waiting for {len(alive)} leaked thread(s) still running: "
+            f"{names} (see the leak report)\n"
+        )
+        sys.stderr.flush()
+    os._exit(int(session.exitstatus))
 
 
 # -- /proc ------------------------------------------------------------------------------------

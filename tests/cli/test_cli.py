@@ -53,20 +53,20 @@ pytestmark = pytest.mark.timeout(30)
 #: ``HH:MM:SS source | message``: a line as the command shows it, prefix on; a worker's
 #: source comes after its global rank (``[2] agent-1.worker-0``).
 PREFIXED = re.compile(
-    r"(?P<stamp>\d\d:\d\d:\d\d) (?:\[(?P<rank>\d+)\] )?(?P<source>\S+) \| (?P<message>.*)"
+    r"(?P<stamp>\d\d:\d\d:\d\d) (?:\[(?P<rank>\d+)\] )?(?P<source>\S+) +\| (?P<message>.*)"
 )
 #: The header of the live status table.
 HEADER = re.compile(r"name\s+state\s+pid\s+cpu\s+mem\s+uptime\s+restarts\s+last exit")
 #: A row of the live status table.
 ROW = re.compile(
-    r"(?P<name>\S+)\s+(?P<state>running|exited|failed|stopped|killed|killing|stopping, \d+ s left)"
+    r"(?P<name>\S+)\s+(?P<state>running|exited|failed|stopped|killing|stopping, \d+ s left)"
     r"\s+(?P<pid>\d+)\s+(?P<cpu>\d+\.\d%|-)\s+(?P<mem>\d+(?:\.\d)?[KMG]|-)\s+"
     r"(?P<uptime>\d+:\d\d:\d\d)\s+(?P<restarts>\d+)\s+(?P<last>\S+)"
 )
 #: The header and a row of the summary left on a terminal at the end.
 SUMMARY_HEADER = re.compile(r"name\s+ended\s+how\s+ran for")
 SUMMARY_ROW = re.compile(
-    r"(?P<name>\S+)\s+(?P<ended>exited|failed|stopped|killed)\s+"
+    r"(?P<name>\S+)\s+(?P<ended>exited|failed|stopped)\s+"
     r"(?P<how>code \d+|SIG[A-Z]+)\s+(?P<ran>\d+:\d\d:\d\d)"
 )
 #: An SGR sequence (colours, bold...).
@@ -1330,7 +1330,7 @@ def test_up_env_port_and_concurrency(
     assert messages(lines, "web.1") == [f"web {base} hello world"]
     assert messages(lines, "web.2") == [f"web {base + 1} hello world"]
     assert messages(lines, "worker.1") == [f"worker {base + 100} hello world"]
-    assert any("worker.1 exited with code 3" in m for m in messages(lines, "up")), lines
+    assert any("worker.1 exited with code 3" in m for m in messages(lines, "system")), lines
     assert [line for line in out.stdout.splitlines() if not PREFIXED.fullmatch(line)] == []
     assert out.stderr == "corral: worker.1 exited with code 3 (it wrote nothing to stderr)\n"
 
@@ -1359,7 +1359,7 @@ def test_up_the_first_exit_stops_the_rest_with_its_code(
     )
     out = corral("up", "--grace", "10", cwd=tmp_path, tag=tag)
     assert out.returncode == code, out.stderr
-    assert any("once.1 exited with code" in m for m in messages(shown(out), "up")), out.stderr
+    assert any("once.1 exited with code" in m for m in messages(shown(out), "system")), out.stderr
 
 
 @pytest.mark.parametrize("with_path", [False, True])
@@ -1374,7 +1374,7 @@ def test_up_runs_only_the_named_processes(tmp_path: Path, tag: str, with_path: b
     out = corral(*args, "web", "worker", cwd=tmp_path, tag=tag)
     assert out.returncode == 0, out.stderr
     sources = {m["source"] for m in map(PREFIXED.fullmatch, shown(out)) if m}
-    assert sources <= {"web.1", "worker.1", "up"}, sources
+    assert sources <= {"web.1", "worker.1", "system"}, sources
     assert "web.1" in sources
     assert not (tmp_path / "clock-started").exists()
 

@@ -11,11 +11,13 @@ resize leaves behind on the others).
 from __future__ import annotations
 
 import codecs
+import errno
 import fcntl
 import io
 import logging
 import os
 import re
+import select
 import signal
 import struct
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+import pyte
 import pytest
 from tests.cli.test_cli import (
     HEADER,
@@ -305,7 +308,7 @@ def test_ctrl_c_the_table_shows_each_stopping_then_one_kill_message_each(
         assert len(killing) == 1 and killing[0].endswith("did not stop within 3 s; killing it")
     header = max(i for i, line in enumerate(lines) if SUMMARY_HEADER.fullmatch(line))
     ended = [SUMMARY_ROW.fullmatch(line) for line in lines[header + 1 :]]
-    assert [(m["ended"], m["how"]) for m in ended if m] == [("killed", "SIGKILL")] * 3, lines
+    assert [(m["ended"], m["how"]) for m in ended if m] == [("stopped", "SIGKILL")] * 3, lines
 
 
 def test_a_second_ctrl_c_kills_at_once(tmp_path: Path, tag: str) -> None:
@@ -347,16 +350,36 @@ async def test_the_kill_after_the_grace_is_said_once() -> None:
 # -- the live block on a terminal -------------------------------------------------------------
 
 #: A worker with a tqdm bar; its lines and its bar fit in ``BAR_COLUMNS`` columns.
+#: A rank with a tqdm bar: drawn at 0 %, held there until the test lets it go (one byte
+#: on the gate, a FIFO the test holds open), then drawn to its end.
 BAR_WORKER = """
-import os, sys, time
+import os, sys
 from tqdm import tqdm
 rank = os.environ["RANK"]
 print(f"step 0 of {rank}", flush=True)
-for _ in tqdm(range(40), file=sys.stderr, desc=f"r{rank}", mininterval=0, ncols=NCOLS,
-              bar_format="{desc} {percentage:3.0f}%|{bar}|"):
-    time.sleep(0.05)
+gate = os.open(sys.argv[1], os.O_RDONLY)
+for step in tqdm(range(10), file=sys.stderr, desc=f"r{rank}", mininterval=0, ncols=NCOLS,
+                 bar_format="{desc} {percentage:3.0f}%|{bar}|"):
+    if step == 0:
+        os.read(gate, 1)
 print(f"done {rank}", flush=True)
 """
+
+
+class Gate:
+    """The FIFO the bar workers wait on; :meth:`open` lets ``count`` of them go."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "gate"
+        os.mkfifo(self.path)
+        self._fd = os.open(self.path, os.O_RDWR)  # workers' opens do not wait for a writer
+
+    def open(self, count: int) -> None:
+        os.write(self._fd, b"x" * count)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
 
 LIVE_LINE = re.compile(
     r"\d\d:\d\d:\d\d \[(?P<rank>\d+)\] agent-0\.worker-(?P=rank) \| "
@@ -387,13 +410,16 @@ def test_forty_workers_with_a_bar_each_at_several_sizes(
     tmp_path: Path, tag: str, cols: int, rows: int
 ) -> None:
     (tmp_path / "bar.py").write_text(BAR_WORKER.replace("NCOLS", "20"))
-    argv = corral_argv("run", "-n", "40", "--no-color", "--", PY, "bar.py")
+    gate = Gate(tmp_path)
+    argv = corral_argv("run", "-n", "40", "--no-color", "--", PY, "bar.py", str(gate.path))
     term = Terminal(argv, cwd=tmp_path, env=environ(tag), cols=cols, rows=rows)
     try:
         term.until("bars and the table", lambda: b"more progress bars" in term.raw, 60)
+        gate.open(40)
         assert term.finish(60) == 0
     finally:
         term.close()
+        gate.close()
     _check_the_end(term.lines())
 
 
@@ -401,9 +427,10 @@ class Reflowing:
     """A terminal that rewraps its lines when it is resized (VTE, iTerm2, kitty, tmux do).
 
     It understands what the console writes: text, CR, LF, cursor up (CSI A),
-    to a column (CSI G), erase in line (CSI K); other sequences are ignored.
-    Rows that scroll off the top go to the scrollback, which the cursor
-    cannot reach.
+    to a column (CSI G), erase in line (CSI K), erase below (CSI J); other
+    sequences are ignored.  Rows that scroll off the top go to the
+    scrollback, which the cursor cannot reach.  A resize rewraps every line,
+    those below the cursor too, and keeps the cursor on the screen.
     """
 
     _CSI = re.compile(r"\x1b\[([0-9;?]*)([@-~])")
@@ -419,7 +446,7 @@ class Reflowing:
 
     @property
     def top(self) -> int:
-        return max(0, len(self.buffer) - self.rows)
+        return min(max(0, len(self.buffer) - self.rows), self.y)
 
     def feed(self, data: bytes) -> None:
         text = self._pending + self._decoder.decode(data)
@@ -477,6 +504,11 @@ class Reflowing:
             else:
                 del self.buffer[self.y][self.x :]
             self.wrapped[self.y] = False
+        elif final == "J" and not number:
+            del self.buffer[self.y][self.x :]
+            del self.buffer[self.y + 1 :]
+            del self.wrapped[self.y + 1 :]
+            self.wrapped[self.y] = False
 
     def logical(self) -> tuple[list[list[str]], int, int]:
         """The lines as written (wrapped rows joined); the cursor's line and offset in it."""
@@ -496,7 +528,8 @@ class Reflowing:
 
     def resize(self, cols: int, rows: int) -> None:
         lines, cursor_line, offset = self.logical()
-        del lines[cursor_line + 1 :]  # nothing is below the cursor but blank rows
+        while len(lines) > cursor_line + 1 and not lines[-1]:
+            lines.pop()  # blank rows below the cursor
         self.cols, self.rows = cols, rows
         self.buffer, self.wrapped = [], []
         for index, line in enumerate(lines):
@@ -516,34 +549,70 @@ class Reflowing:
         return ["".join(line).rstrip() for line in self.logical()[0]]
 
 
-class ReflowTerminal(Terminal):
-    """:class:`Terminal`, replayed into :class:`Reflowing` as well, and resizable."""
+class ReplayTerminal(Terminal):
+    """:class:`Terminal` whose output is kept and replayed at the end into :class:`Reflowing`.
+
+    A resize takes effect where the output read so far ends, once what was
+    on its way is read (a frame still on its way, written for the old size,
+    would meet the new one: the race every terminal has, made smaller).
+    Nothing is replayed while the command runs, so a fast stream of frames
+    costs the test little; :meth:`replay_pyte` replays it into pyte, which
+    cuts lines on a resize instead of rewrapping them.
+    """
 
     def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str], cols: int, rows: int):
         super().__init__(argv, cwd=cwd, env=env, cols=cols, rows=rows)
-        self.reflowing = Reflowing(cols, rows)
-        self._fed = 0
+        self.size = (cols, rows)
+        self.resizes: list[tuple[int, int, int]] = []  # (offset, cols, rows)
 
     def _read(self, timeout: float) -> None:
-        super()._read(timeout)
-        self.reflowing.feed(bytes(self.raw[self._fed :]))
-        self._fed = len(self.raw)
+        ready, _, _ = select.select([self.master], [], [], timeout)
+        if not ready:
+            return
+        try:
+            chunk = os.read(self.master, 65536)
+        except OSError as exc:  # EIO: no slave descriptor is open any more
+            if exc.errno != errno.EIO:
+                raise
+            chunk = b""
+        if not chunk:
+            self.eof = True
+        self.raw += chunk
 
     def resize(self, cols: int, rows: int) -> None:
-        """The window is resized: the pty, both screens, and SIGWINCH, as a terminal does.
-
-        What the command wrote for the old size is shown first, as a terminal
-        shows it while it is being resized (a frame still on its way then
-        would meet the new size: the race every terminal has, made smaller).
-        """
         size = -1
         while size != len(self.raw) and not self.eof:
             size = len(self.raw)
             self._read(0)
         fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.screen.resize(rows, cols)
-        self.reflowing.resize(cols, rows)
+        self.resizes.append((len(self.raw), cols, rows))
         os.killpg(self.proc.pid, signal.SIGWINCH)
+
+    def replay(self) -> list[str]:
+        screen = Reflowing(*self.size)
+        done = 0
+        for offset, cols, rows in self.resizes:
+            screen.feed(bytes(self.raw[done:offset]))
+            screen.resize(cols, rows)
+            done = offset
+        screen.feed(bytes(self.raw[done:]))
+        return screen.lines()
+
+    def replay_pyte(self) -> list[str]:
+        cols, rows = self.size
+        screen = pyte.HistoryScreen(cols, rows, history=10_000)
+        stream = pyte.ByteStream(screen)
+        done = 0
+        for offset, cols, rows in self.resizes:
+            stream.feed(bytes(self.raw[done:offset]))
+            screen.resize(rows, cols)
+            done = offset
+        stream.feed(bytes(self.raw[done:]))
+        history = [
+            "".join(line[x].data for x in range(screen.columns)).rstrip()
+            for line in screen.history.top
+        ]
+        return history + [line.rstrip() for line in screen.display]
 
 
 @pytest.mark.timeout(120)
@@ -561,19 +630,67 @@ def test_the_live_block_survives_a_resize(
     # Bars drawn wide before a narrowing; lines that fit the narrow size before widening.
     ncols = "70" if before[0] > after[0] else "20"
     (tmp_path / "bar.py").write_text(BAR_WORKER.replace("NCOLS", ncols))
-    argv = corral_argv("run", "-n", "40", "--no-color", "--", PY, "bar.py")
-    term = ReflowTerminal(argv, cwd=tmp_path, env=environ(tag), cols=before[0], rows=before[1])
+    gate = Gate(tmp_path)
+    argv = corral_argv("run", "-n", "40", "--no-color", "--", PY, "bar.py", str(gate.path))
+    term = ReplayTerminal(argv, cwd=tmp_path, env=environ(tag), cols=before[0], rows=before[1])
     try:
         term.until("bars and the table", lambda: b"more progress bars" in term.raw, 60)
         drawn = len(term.raw)
         term.until("a redraw", lambda: term.raw.count(b"more progress bars", drawn) >= 2, 30)
         term.resize(*after)
+        gate.open(40)  # every bar goes on to its end at the new size
         assert term.finish(60) == 0
     finally:
         term.close()
-    _check_the_end(term.reflowing.lines())
+        gate.close()
+    _check_the_end(term.replay())
     if after[0] > before[0]:  # wider: what a terminal that does not rewrap shows
-        _check_the_end(term.lines())
+        _check_the_end(term.replay_pyte())
+
+
+#: A rank that redraws a wide bar as fast as a busy program would, until told to stop.
+FAST_BAR = """
+import os, sys, time
+rank = os.environ["RANK"]
+i = 0
+while not os.path.exists("stop"):
+    i += 1
+    fill = "#" * (i % 64) + " " * (63 - i % 64)
+    sys.stderr.write(f"\\rbar of rank {rank} {i % 100:3d}%|{fill}|")
+    sys.stderr.flush()
+    time.sleep(0.01)
+sys.stderr.write(f"\\rbar of rank {rank} done\\n")
+"""
+#: Eight sizes, two at a time: the second comes before the command has drawn for the first,
+#: and together they narrow the screen to a third (each pinned line drawn 120 columns wide
+#: then takes three rows, the block more than the screen), or widen it again.
+SIZES = [((70, 20), (40, 12)), ((90, 26), (120, 30)), ((60, 18), (42, 14)), ((100, 28), (120, 30))]
+
+
+@pytest.mark.timeout(60)
+def test_rapid_resizes_leave_no_stale_lines(tmp_path: Path, tag: str) -> None:
+    """Eight resizes while six ranks redraw their bars: on a terminal that rewraps (replayed
+    with each resize where the output read then ended), nothing of the live block stays."""
+    (tmp_path / "bar.py").write_text(FAST_BAR)
+    argv = corral_argv("run", "-n", "6", "--no-color", "--", PY, "bar.py")
+    term = ReplayTerminal(argv, cwd=tmp_path, env=environ(tag), cols=120, rows=30)
+    try:
+        term.until("the bars", lambda: term.raw.count(b"%|") >= 30)
+        for first, second in SIZES:
+            term.resize(*first)
+            term.resize(*second)
+            drawn = term.raw.count(b"\r")  # every frame has some (at any width)
+            term.until("frames", lambda drawn=drawn: term.raw.count(b"\r") >= drawn + 100)
+        (tmp_path / "stop").touch()
+        assert term.finish(30) == 0
+    finally:
+        term.close()
+    shown = [line for line in term.replay() if line]
+    done = [line for line in shown if re.fullmatch(r"\S+ \[\d\] \S+ \| bar of rank \d done", line)]
+    summary = shown.index(next(line for line in shown if SUMMARY_HEADER.fullmatch(line)))
+    assert len(done) == 6 and shown[:summary] == done, "\n".join(shown)
+    ended = [SUMMARY_ROW.fullmatch(line) for line in shown[summary + 1 :]]
+    assert len(ended) == 6 and all(m and m["ended"] == "exited" for m in ended), "\n".join(shown)
 
 
 #: On SIGINT, each rank writes a traceback: rank 0 a KeyboardInterrupt's, rank 1 another

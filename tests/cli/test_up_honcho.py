@@ -221,7 +221,7 @@ def test_up_export_line_is_skipped_and_said(tmp_path: Path, tag: str) -> None:
     (tmp_path / ".env").write_text("WAIT=1\nexport EXPORTED=yes\n")
     seen, lines = up(tmp_path, tag)
     assert "EXPORTED" not in seen["web.1"]
-    said = [m for m in messages(lines, "up") if "export" in m]
+    said = [m for m in messages(lines, "system") if "export" in m]
     assert said == [
         ".env, line 2: an 'export' line is skipped, as honcho and foreman skip it "
         "(write NAME=value to set it)"
@@ -297,7 +297,7 @@ def test_up_port_precedence_as_honcho(
     (tmp_path / ".env").write_text(f"WAIT=2\n{dotenv}")
     seen, lines = up(tmp_path, tag, *args, shell=shell)
     assert (seen["web.1"]["PORT"], seen["worker.1"]["PORT"]) == (str(base), str(base + 100))
-    said = [m for m in messages(lines, "up") if "base port" in m]
+    said = [m for m in messages(lines, "system") if "base port" in m]
     if dotenv and args:
         assert said == [
             "PORT=6000 from the .env files is the base port, not -p 8000 (as in honcho)"

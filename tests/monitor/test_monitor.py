@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import statistics
 import struct
@@ -39,7 +40,7 @@ import anyio.abc
 import jsonschema
 import msgspec
 import pytest
-from tests.helpers.processes import ListHandler
+from tests.helpers.processes import TAG_VAR, ListHandler
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
@@ -47,7 +48,7 @@ from websockets.uri import parse_uri
 
 import corral
 from corral._monitor._clients import CLIENT_QUEUE
-from corral._monitor._server import parse_address
+from corral._monitor._server import parse_address, process_info
 
 pytestmark = pytest.mark.anyio
 
@@ -497,6 +498,7 @@ async def test_snapshot_then_live_states_and_records(tmp_path: Path) -> None:
                     "pid": worker.pid,
                     "state": "running",
                     "returncode": None,
+                    "signal": None,
                     "started": pytest.approx(before, abs=5),
                     "restarts": 0,
                 }
@@ -542,6 +544,7 @@ async def test_snapshot_then_live_states_and_records(tmp_path: Path) -> None:
         started = await client.wait_for(lambda m: m["type"] == "process")
         assert started["name"] == "other" and started["state"] == "running"
         assert started["pid"] == other.pid
+        await say(worker, "err the last words of worker")
         await say(worker, "exit 3")
         failed = await client.wait_for(lambda m: m["type"] == "process")
         assert failed == {
@@ -551,6 +554,7 @@ async def test_snapshot_then_live_states_and_records(tmp_path: Path) -> None:
             "pid": worker.pid,
             "state": "failed",
             "returncode": 3,
+            "signal": None,
             "started": hello["processes"][0]["started"],
             "restarts": 0,
         }
@@ -560,7 +564,17 @@ async def test_snapshot_then_live_states_and_records(tmp_path: Path) -> None:
     rest = client.ending
     exited = [m for m in rest if m["type"] == "process"]
     assert [(m["name"], m["state"], m["returncode"]) for m in exited] == [("other", "exited", 0)]
-    assert rest[-1] == {"type": "end"}
+    # The end says how the run went: the status of its first failure, and that failure.
+    assert rest[-1] == {
+        "type": "end",
+        "status": 3,
+        "failure": {
+            "name": "worker",
+            "source": "demo.worker",
+            "returncode": 3,
+            "stderr": ["complained on stderr", "the last words of worker"],
+        },
+    }
     assert client.closed
     check_schema(client)
 
@@ -597,6 +611,63 @@ async def test_restarts_are_reported(tmp_path: Path) -> None:
         ("exited", 0, 1),
     ]
     check_schema(client)
+
+
+@pytest.mark.timeout(30)
+async def test_each_end_is_exited_failed_or_stopped_and_the_end_says_how_the_run_went() -> None:
+    """One failure is one ``failed``: the siblings the runner stopped for it are ``stopped``."""
+    async with monitored() as (r, readers):
+        assert r.monitor_url is not None
+        client = await MonitorClient.connect(r.monitor_url)
+        readers.append(client)
+        await client.wait_for(lambda m: m["type"] == "hello")
+        done = await r.start([PY, "-c", "pass"], name="done")
+        siblings = [await r.start(echo(), name=n, stdin=PIPE) for n in ("a", "b")]
+        await done.wait()
+        bad = await r.start(echo(), name="bad", stdin=PIPE, check=False)
+        await say(bad, "err ValueError: bad input")
+        await say(bad, "exit 4")
+        await bad.wait()
+        # The siblings are stopped as `corral up` stops them after the first exit.
+        r.cancel()
+    ends = {
+        m["name"]: (m["state"], m["returncode"], m["signal"])
+        for m in client.messages
+        if m is not None and m["type"] == "process" and m["state"] != "running"
+    }
+    assert ends == {
+        "done": ("exited", 0, None),
+        "bad": ("failed", 4, None),
+        "a": ("stopped", -signal.SIGTERM, "SIGTERM"),
+        "b": ("stopped", -signal.SIGTERM, "SIGTERM"),
+    }
+    assert all(
+        m["returncode"] is None
+        for m in client.messages
+        if m is not None and m["type"] == "process" and m["state"] == "running"
+    )
+    assert client.ending[-1] == {
+        "type": "end",
+        "status": 4,
+        "failure": {
+            "name": "bad",
+            "source": "demo.bad",
+            "returncode": 4,
+            "stderr": ["ValueError: bad input"],
+        },
+    }
+    assert siblings[0].stop_requested and not bad.stop_requested
+    check_schema(client)
+
+
+async def test_a_running_message_has_no_returncode_even_if_the_process_is_gone() -> None:
+    """The "running" of a process that exits at once says it started; its exit follows."""
+    async with corral.open_runner(console=False) as r:
+        proc = await r.start([PY, "-c", "pass"], name="quick")
+        await proc.wait()
+        info = process_info(proc, "running")
+    assert (info["state"], info["returncode"], info["signal"]) == ("running", None, None)
+    assert process_info(proc, "exited")["returncode"] == 0
 
 
 @pytest.mark.timeout(30)
@@ -1014,7 +1085,7 @@ async def test_broken_clients_do_not_hurt_the_runner(abuse: str) -> None:
         await say(worker, "exit 0")
         await worker.wait()
         readers.append(client)
-    assert client.ending[-1] == {"type": "end"}
+    assert client.ending[-1] == {"type": "end", "status": 0, "failure": None}
 
 
 # -- clients that vanish ------------------------------------------------------------------------
@@ -1604,6 +1675,22 @@ def test_tail_prints_on_stdout_as_corral_run_does(tmp_path: Path, anyio_backend:
     assert any(" demo | monitor at " in line for line in tail.lines), tail.text()
 
 
+@pytest.mark.timeout(40)
+def test_tail_exits_with_the_status_of_a_run_a_signal_stopped(tmp_path: Path, tag: str) -> None:
+    """SIGTERM to `corral up`: it exits 143, and so does its tail; no failure is said."""
+    (tmp_path / "Procfile").write_text("web: echo ready; exec sleep 30\n")
+    env = {**plain_env(), TAG_VAR: tag}
+    argv = corral_argv("up", "--name", "job", "--monitor", LOOPBACK)
+    with Child(argv, tmp_path / "up.err", merge=True, env=env, cwd=tmp_path) as up:
+        url = up.wait_line(lambda line: "monitor at" in line).rpartition(" ")[2]
+        with Child(corral_argv("tail", url), tmp_path / "tail.err", env=env) as tail:
+            has_lines(tail, ["web.1 | ready"])
+            up.proc.send_signal(signal.SIGTERM)
+            assert up.finish() == 143, up.text()
+            assert tail.finish() == 143, tail.text()
+    assert tail.stderr_path.read_text() == ""
+
+
 class Relay:
     """A TCP relay in front of the monitor that the test can cut, as a network would."""
 
@@ -1745,7 +1832,9 @@ def test_the_corral_command_serves_a_monitor(tmp_path: Path, command: str) -> No
         assert cli.finish() == 0, cli.text()
     # Printed on the command's output as it starts, and logged as a lifecycle record.
     assert f"corral: monitor at {url}" in cli.lines
-    record = rf"{STAMP} job \| monitor at {re.escape(url)}"
+    # (corral up shows corral's own lines as honcho does: "system", aligned.)
+    shown = "job" if command == "run" else "system *"
+    record = rf"{STAMP} {shown} \| monitor at {re.escape(url)}"
     assert any(re.fullmatch(record, line) for line in cli.lines), cli.text()
 
 

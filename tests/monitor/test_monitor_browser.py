@@ -23,7 +23,16 @@ from typing import Any
 import pytest
 from playwright.sync_api import BrowserContext, Page, Route, WebSocketRoute, sync_playwright
 from tests.helpers.processes import TAG_VAR
-from tests.monitor.test_monitor import ROOT, launcher
+from tests.monitor.test_monitor import (
+    LOOPBACK,
+    PY,
+    ROOT,
+    Child,
+    corral_argv,
+    has_lines,
+    launcher,
+    plain_env,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -221,13 +230,16 @@ class Server:
         self.connections[-1].send(json.dumps(message))
 
 
-def process(name: str, state: str = "running", code: int | None = None) -> dict[str, Any]:
+def process(
+    name: str, state: str = "running", code: int | None = None, runner: str = "demo"
+) -> dict[str, Any]:
     return {
         "name": name,
-        "source": f"demo.{name}",
+        "source": f"{runner}.{name}",
         "pid": 1000 + len(name),
         "state": state,
         "returncode": code,
+        "signal": signal.Signals(-code).name if code is not None and code < 0 else None,
         "started": 1_700_000_000.0,
         "restarts": 0,
     }
@@ -481,3 +493,154 @@ def test_the_page_at_its_ends(tmp_path: Path, ending: str) -> None:
         # And still after the window narrows.
         assert_fits(page, 400)
         assert page.locator("#log").evaluate(LAST_ROW_VISIBLE)
+
+
+#: Whether the page follows the tail: the last row in view, no "new lines" button.
+FOLLOWING = """log => {
+    const row = log.lastElementChild, box = log.getBoundingClientRect();
+    const r = row.getBoundingClientRect();
+    return log.dataset.follow === "true" && r.top >= box.top - 1 && r.bottom <= box.bottom + 1
+        && !document.querySelector("#follow").classList.contains("shown");
+}"""
+#: The state badges cut short in their cells (none should be).
+BADGES_CUT = """() => [...document.querySelectorAll("#processes td.state")].filter(
+    td => td.querySelector(".badge").getBoundingClientRect().right
+        > td.getBoundingClientRect().right + 0.5).map(td => td.parentElement.dataset.name)"""
+
+
+@pytest.mark.timeout(60)
+def test_the_page_follows_the_log_at_any_width(tmp_path: Path) -> None:
+    """At 320, 400 and 1200 px, and through resizes under a flood, the page keeps following:
+    the failure's last line in view, each end named (one failure is one ``failed``)."""
+    with chromium(tmp_path) as browser:
+        for width, then in [(320, 1200), (400, 320), (1200, 400)]:
+            server = Server()
+            page = browser.new_page()
+            page.set_viewport_size({"width": width, "height": 640})
+            page.route(
+                "http://monitor.test/**",
+                lambda route: route.fulfill(
+                    status=200, content_type="text/html; charset=utf-8", body=PAGE.read_text()
+                ),
+            )
+            page.route_web_socket("ws://monitor.test/**", server.accept)
+            page.goto("http://monitor.test/?token=t")
+            page.wait_for_selector("#status.live")
+            names = [f"agent-0.worker-{rank}" for rank in range(4)]
+            server.send(type="hello", v=1, runner="run", log_path=None, processes=[])
+            for burst in range(24):
+                if burst < len(names):  # the table grows under the log
+                    server.send(type="process", **process(names[burst], runner="run"))
+                rows = [
+                    [
+                        f"run.{names[n % 4]}",
+                        "stdout",
+                        20,
+                        1.7e9 + n,
+                        None,
+                        f"step {n} loss 0.{n:04d}, and words enough to wrap on a phone",
+                    ]
+                    for n in range(burst * 50, burst * 50 + 50)
+                ]
+                server.send(type="logs", records=rows)
+                if burst == 10:  # a resize under the flood: rows rewrap, the box changes
+                    page.set_viewport_size({"width": then, "height": 640})
+                if burst == 18:
+                    page.set_viewport_size({"width": width, "height": 640})
+            last = "RuntimeError: rank 1 broke"
+            server.send(type="logs", records=[[f"run.{names[1]}", "stderr", 30, 1.8e9, None, last]])
+            server.send(type="process", **process(names[1], "failed", 3, runner="run"))
+            for name in (names[0], names[2], names[3]):
+                server.send(type="process", **process(name, "stopped", -15, runner="run"))
+            failure = {
+                "name": names[1],
+                "source": f"run.{names[1]}",
+                "returncode": 3,
+                "stderr": [last],
+            }
+            server.send(type="end", status=3, failure=failure)
+            page.wait_for_selector("#status.ended")
+            page.wait_for_selector(f'#log .row:last-child:has-text("{last}")')
+            assert page.locator("#log").evaluate(FOLLOWING), width
+            states = page.eval_on_selector_all(
+                "#processes tbody tr",
+                "trs => trs.map(tr => [tr.dataset.name, tr.querySelector('.badge').textContent])",
+            )
+            assert dict(states) == {
+                names[0]: "stopped",
+                names[1]: "failed",
+                names[2]: "stopped",
+                names[3]: "stopped",
+            }
+            assert page.evaluate(BADGES_CUT) == [], width
+            banner = page.text_content("#ended-banner")
+            assert banner is not None
+            assert banner.startswith(
+                f"The runner has ended with status 3: {names[1]} exited with code 3 ({last})"
+            ), banner
+            assert_fits(page, width)
+            assert page.locator("#log").evaluate(FOLLOWING), width
+            page.close()
+
+
+#: A worker of `corral run` that says it is up, then (rank 1) fails once told to.
+FAILING_RANK = """
+import os, sys
+rank = os.environ["RANK"]
+print("up", rank, flush=True)
+if rank == "1":
+    open(sys.argv[1]).read()
+    print("ValueError: rank 1 broke", file=sys.stderr, flush=True)
+    sys.exit(3)
+os.execvp("sleep", ["sleep", "30"])
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_run_as_the_page_and_tail_tell_it(tmp_path: Path, tag: str) -> None:
+    """``corral run`` whose rank 1 fails: one ``failed``, the siblings ``stopped`` SIGTERM, on
+    a 320 px page that still shows the failure's lines; ``corral tail`` exits with the run's
+    status and says the failure."""
+    go = tmp_path / "go"
+    os.mkfifo(go)
+    (tmp_path / "w.py").write_text(FAILING_RANK)
+    env = {**plain_env(), TAG_VAR: tag}
+    argv = corral_argv("run", "-n", "3", "--monitor", LOOPBACK, "--", PY, "w.py", str(go))
+    with (
+        Child(argv, tmp_path / "run.err", merge=True, env=env, cwd=tmp_path) as run,
+        chromium(tmp_path) as browser,
+    ):
+        url = run.wait_line(lambda line: "monitor at" in line).rpartition(" ")[2]
+        tail = Child(corral_argv("tail", url), tmp_path / "tail.err", env=env)
+        with tail:
+            page = browser.new_page()
+            page.set_viewport_size({"width": 320, "height": 600})
+            page.goto(url)
+            for rank in range(3):
+                page.wait_for_selector(f'#log .row:has-text("up {rank}")')
+            has_lines(tail, [f"| up {rank}" for rank in range(3)])
+            go.write_text("go\n")
+            assert run.finish() == 3, run.text()
+            assert tail.finish() == 3, tail.text()
+        page.wait_for_selector("#status.ended")
+        rows = page.eval_on_selector_all(
+            "#processes tbody tr",
+            "trs => trs.map(tr => [tr.dataset.name, tr.dataset.state,"
+            " tr.querySelector('td.code').textContent])",
+        )
+        assert sorted(rows) == [
+            ["agent-0.worker-0", "stopped", "-15"],
+            ["agent-0.worker-1", "failed", "3"],
+            ["agent-0.worker-2", "stopped", "-15"],
+        ]
+        assert page.evaluate(BADGES_CUT) == []
+        assert_fits(page, 320)
+        assert page.locator("#log").evaluate(FOLLOWING)
+        assert "status 3: agent-0.worker-1 exited with code 3" in (
+            page.text_content("#ended-banner") or ""
+        )
+    said = tail.stderr_path.read_text().splitlines()
+    assert said == [
+        "corral: agent-0.worker-1 exited with code 3; its last stderr lines:",
+        "  ValueError: rank 1 broke",
+    ], said

@@ -1,4 +1,4 @@
-"""The ``corral`` command group, and what its commands share: options, names, output."""
+"""What the commands of ``corral`` share: options, names, output."""
 
 from __future__ import annotations
 
@@ -22,35 +22,13 @@ __all__ = [
     "MAX_COPIES",
     "Output",
     "RAW_OPTION",
-    "cli",
     "is_text",
     "name_option",
     "output_options",
     "text_option",
 ]
 
-_EXAMPLES = """
-\b
-Examples:
-  corral run -n 4 -- python train.py     (4 workers, torchrun's environment)
-  corral up                              (the processes of ./Procfile)
-  corral tail 'http://127.0.0.1:8765/?token=...'
-  corral status 'http://127.0.0.1:8765/?token=...'
-"""
-
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-@click.group(context_settings=CONTEXT, epilog=_EXAMPLES)
-@click.version_option(None, "-V", "--version", package_name="corral", message="corral %(version)s")
-def cli() -> None:
-    """Run processes the structured way: N workers of a command, or a Procfile.
-
-    Every line the processes write is shown with its source (coloured on a
-    terminal), optionally kept in a log folder, with a live status table
-    under it.  Ctrl-C stops every process (and every process it started) at
-    once; nothing outlives the command.
-    """
 
 
 # -- shared options ----------------------------------------------------------------------------
@@ -230,7 +208,13 @@ def output_options(func: Any) -> Any:
                 help="The processes' stderr lines on stderr and their stdout lines on stdout "
                 "(corral run's default, as torchrun), or both on stdout (corral up's, as honcho).",
             ),
-            click.option("--no-color", is_flag=True, help="No colours, even on a terminal."),
+            click.option(
+                "--no-color",
+                "--no-colour",
+                "no_color",
+                is_flag=True,
+                help="No colours, even on a terminal.",
+            ),
             RAW_OPTION,
             click.option("--no-status", is_flag=True, help="No live status table under the lines."),
             click.option(

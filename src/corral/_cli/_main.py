@@ -26,19 +26,68 @@ from typing import NoReturn
 
 import click
 
-from ._group import cli
+from ._group import CONTEXT
 from ._io import say
-from ._run import run
-from ._snapshot import status
-from ._tail import tail
-from ._up import up
 
 __all__ = ["cli", "main"]
 
-cli.add_command(run)
-cli.add_command(up)
-cli.add_command(tail)
-cli.add_command(status)
+_EXAMPLES = """
+\b
+Examples:
+  corral run -n 4 -- python train.py     (4 workers, torchrun's environment)
+  corral up                              (the processes of ./Procfile)
+  corral tail 'http://127.0.0.1:8765/?token=...'
+  corral status 'http://127.0.0.1:8765/?token=...'
+"""
+
+#: The commands, by name.
+COMMANDS = ("check", "exec", "export", "run", "status", "tail", "up")
+
+
+class _Commands(click.Group):
+    """The group of :data:`COMMANDS`, each imported only when it is used (or listed).
+
+    ``corral up`` loads nothing of ``corral run``'s: a command's first line
+    comes sooner for every module it does not import.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "run":
+            from ._run import run
+
+            return run
+        if cmd_name == "status":
+            from ._snapshot import status
+
+            return status
+        if cmd_name == "tail":
+            from ._tail import tail
+
+            return tail
+        if cmd_name == "export":
+            from ._export import export
+
+            return export
+        if cmd_name in ("up", "check", "exec"):
+            from ._up import check, exec_command, up
+
+            return {"up": up, "check": check, "exec": exec_command}[cmd_name]
+        return None
+
+
+@click.group(cls=_Commands, context_settings=CONTEXT, epilog=_EXAMPLES)
+@click.version_option(None, "-V", "--version", package_name="corral", message="corral %(version)s")
+def cli() -> None:
+    """Run processes the structured way: N workers of a command, or a Procfile.
+
+    Every line the processes write is shown with its source (coloured on a
+    terminal), optionally kept in a log folder, with a live status table
+    under it.  Ctrl-C stops every process (and every process it started) at
+    once; nothing outlives the command.
+    """
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

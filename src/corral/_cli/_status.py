@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .._monitor._server import end_state
+
 if TYPE_CHECKING:
     from corral import Process, ResourceUsage
 
@@ -35,8 +37,6 @@ class Status:
     #: The last exit code of each name, whichever Process object it was (a
     #: group restart starts new ones), recorded as it happens.
     last: dict[str, int] = field(default_factory=dict)
-    #: When each name last exited (``time.monotonic()``).
-    exited_at: dict[str, float] = field(default_factory=dict)
     changed: anyio.Event = field(default_factory=anyio.Event)
     #: The grace period of a stop: stop signal, then SIGKILL this long after.
     grace: float = 5.0
@@ -45,24 +45,21 @@ class Status:
     stop_began: float | None = None
     #: What is said on stderr at the end about the failure that ended the run.
     failure: str | None = None
-    #: The process whose failure began the stop, if one did.
-    cause: str | None = None
 
     def observe(self, proc: Process, state: str) -> None:
         """A runner observer (on the loop): note exits, redraw soon."""
         if state == "exited" and proc.returncode is not None:
             self.last[proc.name] = proc.returncode
-            self.exited_at[proc.name] = now = time.monotonic()
-            if proc.returncode != 0 and self.stop_began is None:
+            if end_state(proc.returncode, proc.stop_requested) == "failed":
                 # A failure: the others are stopped because of it (a group
                 # restart starts them again: see :meth:`restarted`).
-                self.stop_began, self.cause = now, proc.name
+                self.stopping()
         self.changed.set()
 
     def restarted(self, attempt: int) -> None:
         """The group was started again: what stopped it is over."""
         self.restarts = attempt
-        self.stop_began = self.cause = None
+        self.stop_began = None
         self.changed.set()
 
     def stopping(self) -> None:
@@ -78,14 +75,7 @@ class Status:
                 return "running"
             left = self.grace - (now - self.stop_began)
             return f"stopping, {left:.0f} s left" if left > 0 else "killing"
-        if code == 0:
-            return "exited"
-        ended = self.exited_at.get(proc.name)
-        if proc.name == self.cause or self.stop_began is None or ended is None:
-            return "failed"
-        if ended >= self.stop_began:
-            return "killed" if code == -9 else "stopped"
-        return "failed"
+        return end_state(code, proc.stop_requested)
 
     def rows(
         self, processes: Sequence[Process], usage: Mapping[str, ResourceUsage] | None = None
@@ -179,7 +169,7 @@ class Status:
         if len(rows) + 1 > height:
             shown = [row for row in rows if row[1] != "exited"][: max(height - 2, 0)]
         for row in shown:
-            style = {"exited": "green", "failed": "red", "killed": "red"}.get(row[1], "yellow")
+            style = {"exited": "green", "failed": "red"}.get(row[1], "yellow")
             table.add_row(*row, style=style)
         lines = _lines(table, width, colour) if shown else []
         if len(shown) < len(rows):

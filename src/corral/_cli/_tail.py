@@ -51,9 +51,11 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool, raw
     """Follow the log of a running corral through its monitor URL.
 
     Prints every line with the same prefixes and colours as corral run,
-    reconnects if the connection drops while the runner lives, and exits 0
-    when the runner ends; 1 if the monitor refuses it, cannot be reached at
-    the first attempt (nothing listens: at once), stays unreachable for 30 s
+    reconnects if the connection drops while the runner lives, and exits
+    when the runner ends, with the runner's status (what corral run or
+    corral up exits with), having said on stderr the failure that ended it,
+    as they say it; 1 if the monitor refuses it, cannot be reached at the
+    first attempt (nothing listens: at once), stays unreachable for 30 s
     after that, or sends a message larger than 4 MiB.
     """
     from .._logs._records import level_number
@@ -194,7 +196,7 @@ async def _follow(
                                 "(this terminal fell behind)"
                             )
                         elif kind == "end":
-                            return 0
+                            return _ended(message)
             except InvalidStatus as exc:
                 code = exc.response.status_code
                 say(f"corral tail: the monitor refused the connection ({code}): wrong token?")
@@ -233,6 +235,27 @@ def _reason(exc: OSError) -> str:
     number = exc.errno
     reason = os.strerror(number) if number and number > 0 else exc.strerror or str(exc)
     return reason[:1].lower() + reason[1:]
+
+
+def _ended(message: dict[str, Any]) -> int:
+    """The run's status, from its monitor's ``end``; its failure said first, on stderr."""
+    from ._status import describe_failure
+
+    status = message.get("status", 0)
+    failure = message.get("failure")
+    if isinstance(failure, dict):
+        try:
+            stderr = "\n".join(map(str, failure["stderr"])).encode("utf-8", "replace")
+            text = describe_failure(str(failure["name"]), int(failure["returncode"]), stderr)
+        except (KeyError, TypeError, ValueError):
+            pass  # not a failure this corral describes
+        else:
+            try:  # on stderr, as the command that ran the processes says it
+                sys.stderr.write(text + "\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass  # nobody reads it any more
+    return status if isinstance(status, int) and 0 <= status <= 255 else 1
 
 
 def _print_all(console: ConsoleHandler, records: list[logging.LogRecord]) -> None:

@@ -1,113 +1,50 @@
-"""``corral up``: the processes of a Procfile, as honcho and foreman run them."""
+"""``corral up``, ``corral check`` and ``corral exec``: honcho's start, check and run."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 import click
 
-from ._group import CONTEXT, MAX_COPIES, Output, name_option, output_options
-from ._io import exit_code, shorten
+from ._group import CONTEXT, Output, name_option, output_options
+from ._io import exit_code, fail, say, shorten
 from ._loop import Status, main_loop
-from ._procfile import EnvFileError, ProcfileError, parse_env_file, parse_procfile, read_input_file
+from ._procfile import Plan, env_option, plan_options, read_env_files
 from ._status import describe_failure
 
 if TYPE_CHECKING:
     from corral import Process, Runner
 
-__all__ = ["PROCESS_NAME_VARIABLES", "up"]
+__all__ = ["SYSTEM", "check", "exec_command", "up"]
 
-#: The variables naming each process of ``corral up`` (``web.1``, ``web.2``,
-#: ``worker.1``...): foreman's ``PS``, honcho's ``HONCHO_PROCESS_NAME`` and
-#: corral's own.
-PROCESS_NAME_VARIABLES = ("PS", "HONCHO_PROCESS_NAME", "CORRAL_PROCESS_NAME")
+#: What the console of ``corral up`` shows for corral's own lines, as honcho does.
+SYSTEM = "system"
 
 _EXAMPLES_UP = """
 \b
 Examples:
   corral up                       (./Procfile, ./.env)
   corral up Procfile.dev web db   (only those two)
-  corral up -c worker=3 -e .env.local
+  corral up -c worker=3 -e .env.local -q worker
 """
 
 
-def _port_base(port: int | None, env: dict[str, str], notices: list[str]) -> int:
-    """The base port, as honcho picks it: PORT from the .env files, ``-p``, $PORT or 5000."""
-    candidates = [("the .env files", env.get("PORT"))]
-    if port is not None:
-        candidates.append(("-p", str(port)))
-    candidates.append(("$PORT", os.environ.get("PORT")))
-    for where, value in candidates:
-        if value:
-            number = value.strip()
-            if not re.fullmatch(r"[0-9]{1,5}", number) or not 1 <= int(number) <= 65535:
-                raise click.BadParameter(
-                    f"PORT={shorten(value)} from {where} is not a port number",
-                    param_hint="--port",
-                )
-            if where != "-p" and port is not None:
-                notices.append(
-                    f"PORT={number} from {where} is the base port, not -p {port} (as in honcho)"
-                )
-            return int(number)
-    return 5000
-
-
-def _check_env_size(env: dict[str, str], paths: Sequence[str]) -> None:
-    """Fail if the environment with ``env`` could not be handed to exec at all."""
-    try:
-        limit = os.sysconf("SC_ARG_MAX")
-    except (OSError, ValueError):
-        return
-    merged = os.environ | env
-    # Each string and its pointer; and room for the command and corral's own variables.
-    size = sum(len(k.encode()) + len(v.encode()) + 2 + 8 for k, v in merged.items())
-    if size > limit - 64 * 1024:
-        raise EnvFileError(
-            f"{', '.join(paths)}: the environment would take {size // 1024} KiB, and the "
-            f"kernel starts a program with at most {limit // 1024} KiB of arguments and "
-            "environment"
-        )
-
-
 @click.command(epilog=_EXAMPLES_UP, context_settings=CONTEXT)
+@plan_options
 @click.option(
-    "-f",
-    "--procfile",
-    "procfile_option",
-    help="The Procfile (default: $PROCFILE from the .env files or the environment, or ./Procfile).",
-)
-@click.option(
-    "-e",
-    "--env",
-    "env_files",
+    "-q",
+    "--quiet",
     multiple=True,
-    help=(
-        "The .env files to load, comma-separated or repeated; a later one wins "
-        "(default: ./.env if there is one)."
-    ),
-)
-@click.option(
-    "-c",
-    "--concurrency",
-    multiple=True,
-    metavar="NAME=N[,NAME=N]",
-    help="Run N copies of a process (repeatable).",
-)
-@click.option(
-    "-p",
-    "--port",
-    type=click.IntRange(min=1, max=65535),
-    help=(
-        "The base of the PORT each process gets, unless the .env files set PORT "
-        "(as in honcho; default: $PORT or 5000)."
-    ),
+    metavar="NAME[,NAME]",
+    help="Keep these processes' lines off the console, as honcho does (the log files, the "
+    "monitor and the lines of 'system' still have them).",
 )
 @name_option("up")
 @output_options
@@ -117,6 +54,7 @@ def up(
     env_files: tuple[str, ...],
     concurrency: tuple[str, ...],
     port: int | None,
+    quiet: tuple[str, ...],
     name: str,
     log_dir: str | None,
     allow_log_loss: bool,
@@ -136,35 +74,19 @@ def up(
     (all of them by default).  Each process runs through /bin/sh with
     the variables of the .env files, a PORT of its own (the base port,
     plus 100 per process type, plus 1 per copy), and its name (web.1) in
-    PS, HONCHO_PROCESS_NAME and CORRAL_PROCESS_NAME.  A process whose name
+    PS, HONCHO_PROCESS_NAME and CORRAL_PROCESS_NAME.  As in honcho, corral's
+    own lines are "system"'s (web.1 started (pid=...), stopped (rc=...))
+    and the names are aligned.  A process whose name
     starts with "-" is named after "--": corral up -- -name.  The exit code is that of
     the first process to exit (128 + N for a signal N); 130 after Ctrl-C.
     """
-    notices: list[str] = []
-    env: dict[str, str] = {}
-    files = [f.strip() for value in env_files for f in value.split(",") if f.strip()]
-    if not env_files and os.path.isfile(".env"):
-        files = [".env"]
-    for env_file in files:
-        if not os.path.exists(env_file):
-            raise EnvFileError(f"the env file {env_file} does not exist")
-        data = read_input_file(env_file, EnvFileError)
-        env.update(parse_env_file(data, env_file, notices))
-    _check_env_size(env, files)
-    names = list(args)
-    path = procfile_option
-    if path is None and names and _looks_like_a_path(names[0]):
-        path = names.pop(0)
-    path = path or env.get("PROCFILE") or os.environ.get("PROCFILE") or "Procfile"
-    processes = parse_procfile(read_input_file(path, ProcfileError), path)
-    unknown = [n for n in names if n not in processes]
+    plan = _plan(procfile_option, env_files, concurrency, port, args)
+    hidden = {item.strip() for value in quiet for item in value.split(",") if item.strip()}
+    unknown = sorted(hidden - set(plan.processes) - set(plan.names))
     if unknown:
-        raise ProcfileError(f"{path} has no process named {', '.join(map(shorten, unknown))}")
-    selected = {n: c for n, c in processes.items() if not names or n in names}
-    counts = _concurrency(concurrency, selected)
-    if not any(counts.values()):
-        raise click.UsageError("nothing to run: every selected process has 0 copies (-c)")
-    base = _port_base(port, env, notices)
+        raise click.BadParameter(
+            f"no process named {', '.join(map(shorten, unknown))}", param_hint="--quiet"
+        )
     output = Output.of(
         log_dir,
         no_prefix,
@@ -175,7 +97,24 @@ def up(
         allow_log_loss=allow_log_loss,
         no_contain=no_contain,
     )
-    main_loop(name, output, _UpJob(selected, counts, env, base, grace, notices))
+    job = _UpJob(plan, grace)
+    job.label = system_label(name, plan.names, hidden)
+    main_loop(name, output, job)
+
+
+def _plan(
+    procfile_option: str | None,
+    env_files: Sequence[str],
+    concurrency: Sequence[str],
+    port: int | None,
+    args: Sequence[str],
+) -> Plan:
+    """The plan of ``up`` and ``check``: ARGS is an optional Procfile path, then names."""
+    names = list(args)
+    path = procfile_option
+    if path is None and names and _looks_like_a_path(names[0]):
+        path = names.pop(0)
+    return Plan.make(path, env_files, concurrency, port, names)
 
 
 def _looks_like_a_path(arg: str) -> bool:
@@ -188,71 +127,58 @@ def _looks_like_a_path(arg: str) -> bool:
     return "/" in arg or os.path.basename(arg).startswith("Procfile")
 
 
-_CONCURRENCY_ITEM = re.compile(r"\s*([^=]*?)\s*=\s*([0-9]{1,12})\s*")
+def system_label(run: str, names: Sequence[str], hidden: set[str]) -> Callable[[str], str | None]:
+    """The console's label of each source, as honcho prints it: ``system`` for corral's own
+    lines, every name padded to the longest, none for a process of ``hidden`` (a name, or
+    its type)."""
+    width = max(len(SYSTEM), *map(len, names))
 
+    def label(source: str) -> str | None:
+        if source == run:
+            return SYSTEM.ljust(width)
+        if source in hidden or source.rpartition(".")[0] in hidden:
+            return None
+        return source.ljust(width)
 
-def _concurrency(values: Sequence[str], processes: dict[str, str]) -> dict[str, int]:
-    counts = dict.fromkeys(processes, 1)
-    for value in values:
-        for item in value.split(","):
-            match = _CONCURRENCY_ITEM.fullmatch(item)
-            if match is None:
-                raise click.BadParameter(
-                    f"{shorten(item)} is not NAME=N", param_hint="--concurrency"
-                )
-            name, number = match.groups()
-            if name not in processes:
-                raise click.BadParameter(
-                    f"no process named {shorten(name)}", param_hint="--concurrency"
-                )
-            if int(number) > MAX_COPIES:
-                raise click.BadParameter(
-                    f"{shorten(item)}: at most {MAX_COPIES} copies", param_hint="--concurrency"
-                )
-            counts[name] = int(number)
-    return counts
+    return label
 
 
 @dataclass
 class _UpJob:
-    processes: dict[str, str]
-    counts: dict[str, int]
-    env: dict[str, str]
-    base_port: int
+    plan: Plan
     grace: float
-    notices: list[str]
+    #: The console's label of each source, set by the command.
+    label: Callable[[str], str | None] | None = None
 
     #: The programs the job starts: each command runs through the shell.
     programs = ("/bin/sh",)
-    #: Every source is shown as it is.
-    label = None
 
     @property
     def what(self) -> str:
         """What a stop stops."""
-        count = sum(self.counts.values())
+        count = sum(self.plan.counts.values())
         return f"{count} process{'es' if count != 1 else ''}"
 
     async def __call__(self, r: Runner, status: Status) -> int:
-        for notice in self.notices:
+        for notice in self.plan.notices:
             r.log(logging.WARNING, notice)
+
+        def stopped(proc: Process, state: str) -> None:
+            if state == "exited":
+                r.log(logging.INFO, f"{proc.name} stopped (rc={proc.returncode})")
+
+        r.add_observer(stopped)
         started = []
-        for index, (name, command) in enumerate(self.processes.items()):
-            for copy in range(self.counts[name]):
-                process = f"{name}.{copy + 1}"
-                env = dict(self.env)
-                env["PORT"] = str(self.base_port + 100 * index + copy)
-                # foreman's name, honcho's, corral's: one value, set over the .env files'.
-                env.update(dict.fromkeys(PROCESS_NAME_VARIABLES, process))
-                started.append(
-                    await r.start(
-                        ["/bin/sh", "-c", command],
-                        name=process,
-                        extra_env=env,
-                        check=False,
-                        grace=self.grace,
-                    )
-                )
+        for process, command, env in self.plan.copies():
+            proc = await r.start(
+                ["/bin/sh", "-c", command],
+                name=process,
+                extra_env=env,
+                check=False,
+                grace=self.grace,
+            )
+            r.log(logging.INFO, f"{process} started (pid={proc.pid})")
+            started.append(proc)
         first = anyio.Event()
         ended: list[Process] = []
 
@@ -279,3 +205,58 @@ class _UpJob:
             status.failure = describe_failure(ended[0].name, code, ended[0].stderr_tail)
         r.cancel()
         return exit_code(code)
+
+
+# -- honcho's check and run -----------------------------------------------------------------
+
+
+@click.command(context_settings=CONTEXT)
+@plan_options
+@click.argument("args", nargs=-1)
+def check(
+    procfile_option: str | None,
+    env_files: tuple[str, ...],
+    concurrency: tuple[str, ...],
+    port: int | None,
+    args: tuple[str, ...],
+) -> None:
+    """Check a Procfile and its .env files as corral up reads them; start nothing.
+
+    Takes corral up's options and ARGS.  Prints what corral up would run and
+    exits 0, or says what is wrong in one line and exits 2, as corral up
+    would before starting anything.
+    """
+    plan = _plan(procfile_option, env_files, concurrency, port, args)
+    for notice in plan.notices:
+        say(f"corral: {notice}")
+    names = plan.names
+    files = plan.env_files
+    where = f"; {len(plan.env)} variables from {', '.join(files)}" if files else ""
+    click.echo(
+        f"{plan.path} is valid: {', '.join(plan.processes)} ({len(names)} "
+        f"process{'es' if len(names) != 1 else ''}: {', '.join(names)}){where}"
+    )
+
+
+@click.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})
+@env_option
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_command(env_files: tuple[str, ...], command: tuple[str, ...]) -> None:
+    """Run COMMAND with the variables of the .env files, as honcho run does.
+
+    The command replaces corral (it gets the signals, its exit code is
+    corral's) with this shell's environment and the .env files' over it:
+    no PORT, no process name, none of corral run's torchrun variables.
+    127 if the command is not found, 126 if it cannot be executed, 2 for a
+    bad .env file.  Put the command after "--" (or after the options).
+    """
+    notices: list[str] = []
+    env, _ = read_env_files(env_files, notices)
+    for notice in notices:
+        say(f"corral: {notice}")
+    try:
+        sys.stdout.flush()
+        os.execvpe(command[0], list(command), os.environ | env)
+    except OSError as exc:
+        code = 127 if exc.errno == errno.ENOENT else 126
+        fail(f"cannot run {shorten(command[0])}: {exc.strerror or exc}", code)

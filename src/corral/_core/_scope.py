@@ -201,7 +201,8 @@ class Scope:
                     with anyio.move_on_after(10):
                         await self._hub.delivered(self._hub.collector.mark())
                         await self._hub.report_losses()  # what the log files missed
-                    monitor.end()
+                    signals = self.signals
+                    monitor.end(None if signals is None else signals.received)
 
                 await _backend.start_surely(
                     tg, (end_with_the_children, (), f"corral monitor end {self._name}")

@@ -55,10 +55,13 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
 
     The pinned lines (bars, and a footer such as the ``corral`` command's
     status table) take at most a third of the terminal's height, and never a
-    line wider than it.  When the terminal is resized they are cleared as a
-    terminal that rewraps its lines (most do: VTE, iTerm2, kitty, tmux,
-    Windows Terminal) shows them: a line drawn 100 columns wide takes two
-    rows once the terminal is 60 columns wide.
+    line wider than it.  Between two draws the cursor waits at their start,
+    and they are cleared from there to the end of the screen, however the
+    resizes since rewrapped them (most terminals rewrap: VTE, iTerm2, kitty,
+    tmux, Windows Terminal; a line drawn 120 columns wide takes three rows
+    once the terminal is 40 columns wide, and the block may then be taller
+    than the screen: a terminal keeps its cursor on the screen, so none of
+    it is out of reach in the scrollback).
     """
 
     def __init__(
@@ -104,10 +107,9 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         self._prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         #: Each bar: its prefix as drawn (coloured), as text, and the bar's text.
         self._bars: OrderedDict[tuple[str, str | None], tuple[bytes, str, str]] = OrderedDict()
-        #: The display width of each pinned line drawn last, and the terminal's
-        #: width then: what clearing them must go back over.
+        #: The display width of each pinned line drawn last (the cursor waits
+        #: at the first one's start).
         self._drawn: list[int] = []
-        self._drawn_columns = 80
         self._write_lock = threading.Lock()
 
     def _plain(self) -> bool:
@@ -220,7 +222,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
             shared = self.terminal and self._errors_terminal
             pinned = shared and bool(self._drawn)
             if pinned:
-                self._raw(_controls().clear_lines(self._rows()))
+                self._raw(_CLEAR)
                 self._drawn = []
             try:
                 _write_raw(self.errors, data)
@@ -320,7 +322,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         with self._write_lock:
             pinned = bool(self._drawn)
             if pinned:
-                self._raw(_controls().clear_lines(self._rows()))
+                self._raw(_CLEAR)
                 self._drawn = []
             try:
                 target.write(text if text.endswith("\n") else text + "\n")
@@ -337,24 +339,9 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
             else:
                 self._raw(data)
 
-    def _rows(self) -> int:
-        """The rows the pinned lines drawn last take now (the terminal may have been resized).
-
-        A terminal that rewraps on a resize shows a line as wide as ``w`` on
-        ``ceil(w / columns)`` rows; lines were never drawn wider than the
-        terminal was then, so without a resize each takes one row.
-        """
-        if not self._drawn:
-            return 0
-        columns = self.width
-        if columns >= self._drawn_columns:
-            return len(self._drawn)
-        return sum(max(1, -(-width // max(columns, 1))) for width in self._drawn)
-
     def _redraw(self, data: bytes) -> None:
         """Clear the pinned lines, write ``data`` above them, draw them again (lock held)."""
-        controls = _controls()
-        out = [controls.clear_lines(self._rows()), data]
+        out = [_CLEAR if self._drawn else b"", data]
         columns = max(self.width - 1, 1)  # never the last column: no wrap pending
         height = self.height
         # The cursor cannot go above the top of the screen: pinned lines that
@@ -372,8 +359,10 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 bars.append(_cut(more.encode(), columns))
         pinned = [*bars, *footer]
         out.append(b"\n".join(line for line, _ in pinned))
+        if pinned:
+            # Back to their start, where the next draw clears them from.
+            out.append(_back_to_start(len(pinned)))
         self._drawn = [width for _, width in pinned]
-        self._drawn_columns = columns + 1
         self._raw(b"".join(out))
 
     def _raw(self, data: bytes) -> None:
@@ -385,7 +374,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     def close(self) -> None:
         with self._write_lock:
             if self._drawn:
-                self._raw(_controls().clear_lines(self._rows()))
+                self._raw(_CLEAR)
                 self._drawn = []
             self._bars.clear()
             self._footer = []
@@ -504,30 +493,10 @@ class _Styles:
         return text
 
 
-class _Controls:
-    """Cursor movements for redrawing progress bars, from rich."""
-
-    def __init__(self) -> None:
-        from rich.control import Control
-        from rich.segment import ControlType
-
-        self._erase = str(Control((ControlType.ERASE_IN_LINE, 2))).encode()
-        self._column0 = str(Control.move_to_column(0)).encode()
-        self._up = str(Control.move(0, -1)).encode()
-
-    def clear_lines(self, count: int) -> bytes:
-        """Erase the ``count`` lines ending at the cursor, leaving it at the first's start."""
-        if count <= 0:
-            return b""
-        one = self._column0 + self._erase
-        return one + (self._up + one) * (count - 1)
+#: Erase from the cursor (at the start of the pinned lines) to the end of the screen.
+_CLEAR: Final = b"\r\x1b[J"
 
 
-_controls_instance: _Controls | None = None
-
-
-def _controls() -> _Controls:
-    global _controls_instance
-    if _controls_instance is None:
-        _controls_instance = _Controls()
-    return _controls_instance
+def _back_to_start(count: int) -> bytes:
+    """From the end of the ``count`` lines just drawn to the start of the first."""
+    return b"\r" + (b"\x1b[%dA" % (count - 1) if count > 1 else b"")

@@ -45,8 +45,9 @@ The protocol (version 1), JSON text messages, server to client:
     hundred log records from before the client came.
 ``{"type": "process", ...PROCESS}``
     a process changed state.  PROCESS is ``{"name", "source", "pid", "state"
-    ("running", "restarting", "exited", "failed"), "returncode", "started"
-    (Unix time), "restarts"}``.
+    ("running", "restarting", or how its run ended: "exited" with 0, "failed"
+    on its own, "stopped" by its owner), "returncode", "signal" (the name of
+    the signal that ended it, or null), "started" (Unix time), "restarts"}``.
 ``{"type": "logs", "records": [[SOURCE, STREAM, LEVEL, TIME, LOGGER, MESSAGE], ...]}``
     log records, in order.  STREAM is ``"stdout"``, ``"stderr"``,
     ``"logging"`` or ``null`` (the runner's own); LEVEL a number.
@@ -57,8 +58,11 @@ The protocol (version 1), JSON text messages, server to client:
     or null), "processes", "host" (null, or a remote worker's host)}}}``.
 ``{"type": "dropped", "count": N}``
     N log events were dropped because this client fell behind.
-``{"type": "end"}``
-    the runner has ended; the server closes the connection.
+``{"type": "end", "status": N, "failure": FAILURE|null}``
+    the runner has ended, with the status the ``corral`` command exits with
+    (128 + N after a signal N, else the first failure's code, else 0) and
+    the failure that ended it, ``{"name", "source", "returncode", "stderr"
+    (its last lines)}``; the server closes the connection.
 
 Client to server, at any time: ``{"type": "filter", "source": GLOB, "level":
 N}`` keeps only the log records of sources matching the glob (the full

@@ -11,6 +11,7 @@ import hmac
 import ipaddress
 import os
 import secrets
+import signal
 import socket
 import time
 import urllib.parse
@@ -34,12 +35,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_HOST",
+    "FAILURE_LINES",
     "ProcessView",
     "PROTOCOL_VERSION",
     "Joined",
     "Monitor",
     "bound_send_buffer",
+    "end_state",
     "parse_address",
+    "process_info",
+    "run_status",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -132,11 +137,51 @@ class ProcessView(Protocol):
     @property
     def restarts(self) -> int: ...
 
+    @property
+    def stop_requested(self) -> bool: ...
 
-def _process_info(proc: ProcessView, state: str) -> dict[str, Any]:
-    code = proc.returncode
-    if state == "exited" and code not in (None, 0):
-        state = "failed"
+    @property
+    def stderr_tail(self) -> bytes: ...
+
+
+def end_state(returncode: int, stop_requested: bool) -> str:
+    """How a run of a process ended, in the words of the monitor, its page and the command.
+
+    ``"stopped"`` when its owner stopped it (corral, after another's failure,
+    a signal or the end of its scope; whatever it exited with), else
+    ``"exited"`` for code 0 and ``"failed"`` for its own failure.
+    """
+    if stop_requested:
+        return "stopped"
+    return "exited" if returncode == 0 else "failed"
+
+
+def run_status(returncode: int) -> int:
+    """A process's ``returncode`` as a shell's exit status: 128 + N for a signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_name(returncode: int | None) -> str | None:
+    """The name of the signal that ended a process, from its ``returncode`` (``-15``)."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+#: The last lines of its stderr that the end of a run carries about the process whose
+#: failure ended it (at most the 4 KiB of stderr every process keeps for its failure).
+FAILURE_LINES: Final = 10
+
+
+def process_info(proc: ProcessView, state: str) -> dict[str, Any]:
+    # A process that exits at once may have exited before its "running" is
+    # told: that message is of its start, and its exit follows.
+    code = None if state == "running" else proc.returncode
+    if state == "exited" and code is not None:
+        state = end_state(code, proc.stop_requested)
     started = time.time() - (time.monotonic() - proc.started_at)
     return {
         "name": proc.name,
@@ -144,6 +189,7 @@ def _process_info(proc: ProcessView, state: str) -> dict[str, Any]:
         "pid": proc.pid,
         "state": state,
         "returncode": code,
+        "signal": _signal_name(code),
         "started": round(started, 3),
         "restarts": proc.restarts,
     }
@@ -171,6 +217,9 @@ class Monitor:
         #: The last samples of what each process costs, in JSON, oldest first.
         self._usage: deque[bytes] = deque()
         self._usage_bytes = 0
+        #: The processes whose own failure is their last word, in the order they failed.
+        self._failures: dict[str, dict[str, Any]] = {}
+        self._end_message = b'{"type":"end","status":0,"failure":null}'
         self._loop: LoopHandle | None = None
         #: Set once the monitor listens, or once it could not (then :attr:`error`).
         self.ready = anyio.Event()
@@ -201,8 +250,18 @@ class Monitor:
 
     def process_event(self, proc: ProcessView, state: str) -> None:
         """A process changed state (on the loop)."""
-        info = _process_info(proc, state)
+        info = process_info(proc, state)
         self._processes[proc.name] = info
+        if state == "running":
+            self._failures.pop(proc.name, None)  # run again: that failure is over
+        elif info["state"] == "failed" and proc.name not in self._failures:
+            stderr = proc.stderr_tail.decode("utf-8", "replace").rstrip()
+            self._failures[proc.name] = {
+                "name": proc.name,
+                "source": proc.source,
+                "returncode": info["returncode"],
+                "stderr": stderr.splitlines()[-FAILURE_LINES:],
+            }
         self.sink.push_state(proc.name, JSON.encode({"type": "process", **info}))
 
     def usage_event(self, now: float, figures: Mapping[str, ResourceUsage]) -> None:
@@ -240,8 +299,21 @@ class Monitor:
     def clients(self) -> list[Client]:
         return self.sink.clients
 
-    def end(self) -> None:
-        """The runner has ended: tell every client, then close."""
+    def end(self, received: int | None = None) -> None:
+        """The runner has ended: tell every client how, then close.
+
+        Its status is what the ``corral`` command exits with: 128 + N after
+        the signal N reached it (``received``), else the first failure's code
+        among its processes' last runs (see :func:`run_status`), else 0.
+        """
+        failure = next(iter(self._failures.values()), None)
+        if received is not None:
+            status = 128 + received
+        elif failure is not None:
+            status = run_status(failure["returncode"])
+        else:
+            status = 0
+        self._end_message = JSON.encode({"type": "end", "status": status, "failure": failure})
         self.ended.set()
         self.sink.end()
 
@@ -449,7 +521,7 @@ class Monitor:
                         messages = []
                         if not more:
                             if last:
-                                await send(b'{"type":"end"}')
+                                await send(self._end_message)
                                 break
                             # At most SEND_RATE batches a second: during a flood,
                             # few large messages cost both sides far less than many.
