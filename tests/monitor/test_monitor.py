@@ -1171,7 +1171,11 @@ async def test_a_client_that_answers_no_ping_is_closed(monkeypatch: pytest.Monke
         await silent.aclose()
     assert waited >= 0.5  # at least one ping's interval and deadline
     # The answering client lived through the same rounds of pings, to the runner's end.
-    assert answering.ending and answering.ending[-1] == {"type": "end"}, answering.messages
+    assert answering.ending and answering.ending[-1] == {
+        "type": "end",
+        "status": 0,
+        "failure": None,
+    }, answering.messages
 
 
 # -- slow and stuck clients --------------------------------------------------------------------
