@@ -1067,7 +1067,7 @@ async def test_a_daemon_logging_on_is_cut_after_the_linger_deadline(
 async def test_a_daemons_own_connection_is_cut_at_the_runners_exit(tag: str) -> None:
     # A descendant that left the group and connected itself may go on logging under its
     # parent's source after the parent exited; but the runner's exit waits for it only
-    # `linger` seconds.
+    # `linger` seconds.  (Without containment: a runner's cgroup would stop the daemon.)
     code = """
         import subprocess
         daemon = subprocess.Popen(
@@ -1087,7 +1087,7 @@ async def test_a_daemons_own_connection_is_cut_at_the_runners_exit(tag: str) -> 
     linger = 1.0
     daemon = 0
     try:
-        async with corral.open_runner(console=False, handlers=[logs]) as r:
+        async with corral.open_runner(console=False, handlers=[logs], contain=False) as r:
             # Reaching in to shorten the 5 s default, to keep the test short.
             r._hub.server.linger = linger
             p = await r.start(script(code), name="parent", stdout=PIPE, extra_env={TAG_VAR: tag})
