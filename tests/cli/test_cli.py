@@ -38,6 +38,7 @@ import pyte
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, release, tagged_pids, wait_gone
 
 from corral import open_runner
@@ -71,13 +72,6 @@ SUMMARY_ROW = re.compile(
 )
 #: An SGR sequence (colours, bold...).
 SGR = re.compile(rb"\x1b\[[0-9;]*m")
-
-
-def corral_argv(*args: str) -> list[str]:
-    """The installed ``corral`` console script with ``args``."""
-    script = Path(sys.executable).with_name("corral")
-    base = [str(script)] if script.exists() else [sys.executable, "-m", "corral._cli"]
-    return [*base, *args]
 
 
 def environ(tag: str | None = None, **more: str) -> dict[str, str]:

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.cli.test_cli import Streaming, corral_argv, environ
+from tests.cli.test_cli import Streaming, environ
 from tests.core.test_contain import ESCAPES, escaped
+from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, is_alive, tagged_pids, wait_gone
 
 from corral._sys import _cgroup

@@ -38,12 +38,12 @@ from tests.cli.test_cli import (
     Streaming,
     Terminal,
     corral,
-    corral_argv,
     environ,
     messages,
     sh,
     ssh_args,
 )
+from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, ListHandler
 
 import corral as corral_lib

@@ -20,11 +20,11 @@ from tests.cli.test_cli import (
     SGR,
     Terminal,
     corral,
-    corral_argv,
     environ,
     messages,
     shown,
 )
+from tests.helpers.commands import corral_argv
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.cli.test_cli import corral_argv, environ
+from tests.cli.test_cli import environ
+from tests.helpers.commands import corral_argv
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -274,13 +274,9 @@ class Launcher:
             thread.join(5)
 
 
-@contextlib.contextmanager
-def launcher(script: str, cfg: dict[str, Any], **more: Any) -> Iterator[Launcher]:
-    started = Launcher(script, cfg, **more)
-    try:
-        yield started
-    finally:
-        started.close()
+def launcher(script: str, cfg: dict[str, Any], **more: Any) -> contextlib.closing[Launcher]:
+    """A :class:`Launcher`, closed (killed if it still runs) at the end of the block."""
+    return contextlib.closing(Launcher(script, cfg, **more))
 
 
 #: A launcher like the ``corral`` command's: it takes the signals (handle_signals=True), and

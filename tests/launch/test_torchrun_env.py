@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, ListHandler
 
 import corral
@@ -106,12 +107,6 @@ def shell_env(tag: str, **more: str) -> dict[str, str]:
 
 def sh(script: str) -> list[str]:
     return ["sh", "-c", script]
-
-
-def corral_argv(*args: str) -> list[str]:
-    script = Path(sys.executable).with_name("corral")
-    base = [str(script)] if script.exists() else [sys.executable, "-m", "corral._cli"]
-    return [*base, *args]
 
 
 def run(

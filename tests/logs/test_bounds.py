@@ -8,10 +8,8 @@ over what it held before.  docs/howto/limits.rst lists every bound these tests c
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import os
 import re
 import socket
 import statistics
@@ -28,8 +26,9 @@ from typing import Any
 
 import anyio
 import pytest
+from tests.helpers.commands import Child, launched, stuck_client, websocket_request
 from tests.helpers.processes import ListHandler
-from tests.monitor.test_monitor import LOOPBACK, Child, MonitorClient, monitored
+from tests.monitor.test_monitor import LOOPBACK, MonitorClient, monitored
 
 import corral
 from corral._logs._collector import DEFAULT_MAX_BYTES
@@ -218,11 +217,9 @@ class Launcher(Child):
 
 @contextmanager
 def launcher(tmp_path: Path, backend: str, **options: Any) -> Iterator[Launcher]:
-    script = tmp_path / "bounds_launcher.py"
-    script.write_text(LAUNCHER)
-    argv = [PY, str(script), backend, json.dumps(options)]
-    with Launcher(argv, tmp_path / "launcher.err", stdin=True) as child:
-        child.url = child.wait_line(lambda line: line.startswith("url ")).split()[1]
+    """:data:`LAUNCHER` with ``options``; it must end well once its input is closed."""
+    path = tmp_path / "bounds_launcher.py"
+    with launched(Launcher, LAUNCHER, path, backend, json.dumps(options)) as child:
         yield child
         child.end_input()
         assert child.finish(timeout=30) == 0, child.text()
@@ -235,34 +232,6 @@ def grown_mib(runner: Launcher, before: int) -> float:
 
 
 # -- the monitor -------------------------------------------------------------------------------
-
-
-def websocket_request(url: str, extra: str = "") -> bytes:
-    parts = urllib.parse.urlsplit(url)
-    key = base64.b64encode(os.urandom(16)).decode()
-    return (
-        f"GET /?{parts.query} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
-    ).encode()
-
-
-def stuck_client(url: str) -> socket.socket:
-    """A socket that completes the WebSocket handshake and then never reads."""
-    parts = urllib.parse.urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no kernel slack either
-    sock.settimeout(10)
-    sock.connect((parts.hostname, parts.port))
-    sock.sendall(websocket_request(url))
-    head = b""
-    while b"\r\n\r\n" not in head:
-        byte = sock.recv(1)
-        assert byte, f"closed during the handshake: {head!r}"
-        head += byte
-    assert head.startswith(b"HTTP/1.1 101 "), head
-    return sock
 
 
 @contextmanager

@@ -40,6 +40,7 @@ import anyio.abc
 import jsonschema
 import msgspec
 import pytest
+from tests.helpers.commands import Child, corral_argv, launched, stuck_client
 from tests.helpers.processes import TAG_VAR, ListHandler
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -1324,130 +1325,15 @@ LAUNCHER = textwrap.dedent(
 )
 
 
-class Child:
-    """A program whose stdout is read line by line, with deadlines; stderr goes to a file."""
-
-    def __init__(
-        self,
-        argv: list[str],
-        stderr: Path,
-        *,
-        stdin: bool = False,
-        merge: bool = False,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-    ) -> None:
-        self.stderr_path = stderr
-        self._stderr = open(stderr, "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=PIPE if stdin else subprocess.DEVNULL,
-            stdout=PIPE,
-            stderr=subprocess.STDOUT if merge else self._stderr,
-            env=env,
-            cwd=cwd,
-        )
-        self.url = ""  # a launcher's monitor URL
-        self.lines: list[str] = []
-        self._buffer = b""
-        self._eof = False
-        self._next = 0  # the first line wait_line has not looked at
-
-    def __enter__(self) -> Child:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def _read(self, deadline: float) -> None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        ready = select_readable(fd, deadline - time.monotonic())
-        if not ready:
-            raise AssertionError(f"nothing more came in time; so far:\n{self.text()}")
-        data = os.read(fd, 65536)
-        if not data:
-            self._eof = True
-            if self._buffer:
-                self.lines.append(self._buffer.decode())
-                self._buffer = b""
-            return
-        *complete, self._buffer = (self._buffer + data).split(b"\n")
-        self.lines += [line.decode() for line in complete]
-
-    def wait_line(self, predicate: Callable[[str], bool], timeout: float = 15) -> str:
-        """The next line (after those already looked at) that satisfies ``predicate``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            while self._next < len(self.lines):
-                line = self.lines[self._next]
-                self._next += 1
-                if predicate(line):
-                    return line
-            if self._eof:
-                raise AssertionError(f"the output ended without the line; it was:\n{self.text()}")
-            self._read(deadline)
-
-    def command(self, *command: Any) -> str:
-        """Send a command to a launcher; return its answer."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
-        self.proc.stdin.flush()
-        return self.wait_line(lambda line: line.startswith(("ok ", "burst ")))
-
-    def end_input(self) -> None:
-        """Close its stdin (a launcher then ends its runner)."""
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-
-    def finish(self, timeout: float = 15) -> int:
-        """Close its stdin, read its output to the end, and return its exit code."""
-        self.end_input()
-        deadline = time.monotonic() + timeout
-        while not self._eof:
-            self._read(deadline)
-        return self.proc.wait(max(0.1, deadline - time.monotonic()))
-
-    def text(self) -> str:
-        return (
-            "\n".join(self.lines) + "\n--- stderr\n" + self.stderr_path.read_text(errors="replace")
-        )
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
-        self._stderr.close()
-
-
-def select_readable(fd: int, timeout: float) -> bool:
-    import select
-
-    readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
-    return bool(readable)
-
-
 @contextmanager
 def launcher(
     tmp_path: Path, backend: str, name: str = "demo", env: dict[str, str] | None = None
 ) -> Iterator[Child]:
     """A runner with a monitor in another process (see :data:`LAUNCHER`); ``.url`` is set."""
-    script = tmp_path / "launcher.py"
-    script.write_text(LAUNCHER)
-    argv = [PY, str(script), backend, name, ECHO, FLOOD]
-    with Child(argv, tmp_path / f"launcher-{name}.err", stdin=True, env=env) as child:
-        child.url = child.wait_line(lambda line: line.startswith("url ")).split()[1]
+    with launched(
+        Child, LAUNCHER, tmp_path / f"launcher-{name}.py", backend, name, ECHO, FLOOD, env=env
+    ) as child:
         yield child
-
-
-def corral_argv(*args: str) -> list[str]:
-    """The installed ``corral`` command (or ``python -m corral._cli``) with ``args``."""
-    script = Path(PY).with_name("corral")
-    base = [str(script)] if script.exists() else [PY, "-m", "corral._cli"]
-    return [*base, *args]
 
 
 def plain_env() -> dict[str, str]:
@@ -1857,35 +1743,6 @@ def test_the_corral_command_checks_the_monitor_address(tmp_path: Path) -> None:
 # -- what a stuck client costs the launcher ----------------------------------------------------
 
 
-@contextmanager
-def stuck_client(url: str) -> Iterator[socket.socket]:
-    """A raw socket that completes the WebSocket handshake and then never reads."""
-    parts = urllib.parse.urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no kernel slack either
-        sock.settimeout(10)
-        sock.connect((parts.hostname, parts.port))
-        key = base64.b64encode(os.urandom(16)).decode()
-        sock.sendall(
-            (
-                f"GET /?{parts.query} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-            ).encode()
-        )
-        head = b""
-        while b"\r\n\r\n" not in head:
-            byte = sock.recv(1)
-            assert byte, f"closed during the handshake: {head!r}"
-            head += byte
-        assert head.startswith(b"HTTP/1.1 101 "), head
-        yield sock
-    finally:
-        sock.close()
-
-
 def memory_mib(pid: int) -> dict[str, float]:
     """The resident size of a process now (VmRSS) and at its peak (VmHWM), in MiB."""
     found = {}
@@ -1916,7 +1773,7 @@ def test_a_stuck_client_costs_the_launcher_bounded_memory_and_no_time(
         times: dict[str, list[float]] = {"without": [], "with": []}
         for _ in range(9):
             times["without"].append(burst(runner, count, 200))
-            with stuck_client(runner.url):
+            with stuck_client(runner.url) as _stuck:
                 runner.command("clients", [["*", 0]])
                 times["with"].append(burst(runner, count, 200))
             runner.command("clients", [])
@@ -1927,7 +1784,7 @@ def test_a_stuck_client_costs_the_launcher_bounded_memory_and_no_time(
         for _ in range(2):
             burst(runner, count, 1000)
         before = memory_mib(pid)
-        with stuck_client(runner.url):
+        with stuck_client(runner.url) as _stuck:
             runner.command("clients", [["*", 0]])
             for _ in range(4):
                 burst(runner, count, 1000)

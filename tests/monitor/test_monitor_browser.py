@@ -22,13 +22,12 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import BrowserContext, Page, Route, WebSocketRoute, sync_playwright
+from tests.helpers.commands import Child, corral_argv
 from tests.helpers.processes import TAG_VAR
 from tests.monitor.test_monitor import (
     LOOPBACK,
     PY,
     ROOT,
-    Child,
-    corral_argv,
     has_lines,
     launcher,
     plain_env,
