@@ -23,6 +23,10 @@ TESTS = Path(__file__).resolve().parents[1]
 SLOT = int(os.environ.get("CORRAL_TEST_SLOT", "0"))
 #: The sub-session's slot: another one than ours.
 INNER_SLOT = (SLOT + 5) % 10
+#: The prefix of the sub-session's namespaces (tests/helpers/hosts.py): in a parallel session,
+#: the sub-session of each worker inherits its worker's name and so has a sub-slot of its own.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+INNER_NETNS_PREFIX = f"corral{INNER_SLOT or ''}{'' if _WORKER == '0' else f'w{_WORKER}'}-h"
 
 #: Runs ``"$@"`` as a script's background job: with SIGINT and SIGQUIT ignored (a
 #: non-interactive shell does that for ``&``), and SIGHUP ignored by ``nohup``.
@@ -184,7 +188,7 @@ def test_a_hung_session_ended_by_pytest_timeout_leaves_nothing_behind(
             assert not Path(folder).exists(), folder
         assert report["etc_hosts_mark"] not in Path("/etc/hosts").read_text()
     finally:
-        if tagged_pids(tag) or any(Path("/run/netns").glob(f"corral{INNER_SLOT or ''}-h*")):
+        if tagged_pids(tag) or any(Path("/run/netns").glob(f"{INNER_NETNS_PREFIX}*")):
             clean_up_after(tmp_path, tag)
 
 

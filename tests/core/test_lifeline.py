@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import anyio
 import anyio.to_thread
 import pytest
-from tests.helpers.processes import TAG_VAR, group_members, is_alive, wait_gone
+from tests.helpers.processes import TAG_VAR, group_members, is_alive, is_dying, wait_gone
 
 import corral
 
@@ -109,19 +112,137 @@ async def test_a_failure_is_out_without_waiting_for_the_lifeline() -> None:
     assert not is_alive(helper)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(60)
-@pytest.mark.anyio
-async def test_early_child_outlives_idle_worker_threads(tag: str) -> None:
-    """PR_SET_PDEATHSIG would kill this child when the spawning thread retires (~10 s idle)."""
-    async with corral.open_runner(console=False) as r:
-        p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
-        await anyio.sleep(11)
-        # On asyncio an idle worker thread retires only when the next call arrives.
+# -- the event loops' worker threads retire: no child dies with the thread that spawned it -----
+#
+# PR_SET_PDEATHSIG fires when the *thread* that forked a child exits, and the worker threads of
+# Trio and AnyIO retire once idle (10 s): a child armed with it from such a thread dies early.
+# Rather than wait 10 s, the tests below make every worker thread retire at once, through the
+# backends' own retirement (their idle time set to 0 for the test), and wait for each thread's
+# exit as an event (a pidfd of the thread).  The control test shows that this retirement does
+# kill a child armed with PR_SET_PDEATHSIG from a worker thread.
+
+#: The names of the worker threads of AnyIO's asyncio backend and of Trio, which retire.
+_RETIRING = ("AnyIO worker thread", "Trio thread")
+
+
+def _pool_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(_RETIRING) and t.is_alive()]
+
+
+class Retirement:
+    """The worker threads' retirement, held back for the test and then made to happen at once."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import trio._core._thread_cache
+        from anyio._backends._asyncio import WorkerThread
+
+        self._knobs = [(trio._core._thread_cache, "IDLE_TIMEOUT"), (WorkerThread, "MAX_IDLE_TIME")]
+        self._monkeypatch = monkeypatch
+        self._set(3600)  # no thread that works during the test retires before it is told to
+
+    def _set(self, seconds: float) -> None:
+        for owner, name in self._knobs:
+            self._monkeypatch.setattr(owner, name, seconds)
+
+    async def now(self) -> None:
+        """Make every worker thread there is now retire, and wait until each has exited.
+
+        Each gets a job at once (one more job than there are threads, all held at a barrier
+        until every one has started: the idle threads are used first), with the idle time 0
+        from now on; then the extra job's thread, a new one, is the last to go idle, so that
+        the next call takes it and retires all the others (AnyIO on asyncio retires idle
+        threads only when a call comes; Trio's leave on their own).
+        """
+        self._set(0)
+        old = _pool_threads()
+        count = len(old) + 1
+        barrier = threading.Barrier(count, timeout=10)
+        old_done = threading.Event()
+        finished = 0
+
+        def job() -> None:
+            barrier.wait()
+            if threading.current_thread() not in old:
+                assert old_done.wait(10)
+
+        async def one() -> None:
+            nonlocal finished
+            await anyio.to_thread.run_sync(job, limiter=limiter)
+            finished += 1
+            if finished == len(old):
+                old_done.set()
+
+        limiter = anyio.CapacityLimiter(count)
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(one)
         await anyio.to_thread.run_sync(os.getpid)
-        await anyio.sleep(4)
+        deadline = time.monotonic() + 10
+        for thread in old:
+            _wait_thread_gone(thread, deadline)
+
+
+@pytest.fixture
+def retirement(monkeypatch: pytest.MonkeyPatch) -> Retirement:
+    return Retirement(monkeypatch)
+
+
+def _wait_thread_gone(thread: threading.Thread, deadline: float) -> None:
+    """Block until the kernel is done with ``thread``'s exit (its children told of it)."""
+    thread.join(max(0.0, deadline - time.monotonic()))
+    assert not thread.is_alive(), f"{thread.name} did not retire"
+    native = thread.native_id
+    assert native is not None
+    try:
+        fd = os.pidfd_open(native, os.O_EXCL)  # PIDFD_THREAD: readable once the thread exited
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(max(0.0, deadline - time.monotonic()) * 1000), f"{native} lives on"
+    finally:
+        os.close(fd)
+
+
+def _arm_pdeathsig() -> None:
+    """In a child before exec: die with SIGKILL when the thread that forked it exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+@pytest.mark.anyio
+async def test_retiring_worker_threads_kill_a_child_armed_with_pdeathsig_from_one(
+    tag: str, retirement: Retirement
+) -> None:
+    """The control: the field lesson, played out by the retirement the next test uses."""
+    env = {**os.environ, TAG_VAR: tag}
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["sleep", "1000"], env=env, preexec_fn=_arm_pdeathsig)
+
+    child = await anyio.to_thread.run_sync(spawn)
+    try:
+        assert is_alive(child.pid)
+        await retirement.now()
+        assert wait_gone([child.pid], timeout=10) == [], "the thread retired, the child lives"
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.anyio
+async def test_early_child_outlives_idle_worker_threads(tag: str, retirement: Retirement) -> None:
+    """No child of a runner dies when the worker threads that were there at its start retire."""
+    async with corral.open_runner(console=False) as r:
+        await anyio.to_thread.run_sync(os.getpid)  # a worker thread of this loop, at least
+        p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
+        assert _pool_threads()
+        await retirement.now()
         assert p.returncode is None
-        assert is_alive(p.pid)
+        assert is_alive(p.pid) and not is_dying(p.pid)
         await p.stop()
     assert p.returncode == -signal.SIGTERM
 

@@ -106,24 +106,38 @@ SSH_OPTIONS = (
 # Several test sessions can have these fixtures up on one machine at once (several checkouts
 # tested side by side) when each sets ``CORRAL_TEST_SLOT`` to its own digit: slot ``k`` shifts
 # every fixed name, subnet and port below.  Slot 0, the default, uses the names as written.
+#
+# A session run in parallel (pytest-xdist, ``-n N``) is N sessions, its workers ``gw0``,
+# ``gw1``...: each has the fixtures of its own, in a sub-slot of the session's slot.  Worker 0
+# uses the slot's names as written; worker w > 0 adds ``w<w>`` to every name (``corral-h1``
+# becomes ``corralw1-h1``), takes subnets from 10 * w on (10.213.<10 * w + i>.2) and ports from
+# 10 * w on.  So a worker is a session of its own to everything here: its reaper, its private
+# directories, its /etc/hosts line.
 _SLOT = os.environ.get("CORRAL_TEST_SLOT", "0")
 if not (len(_SLOT) == 1 and _SLOT.isdigit()):
     raise RuntimeError(f"CORRAL_TEST_SLOT must be one digit, not {_SLOT!r}")
 SLOT = int(_SLOT)
-_SLOT_TAG = "" if SLOT == 0 else str(SLOT)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+if not re.fullmatch(r"gw\d", _WORKER):
+    raise RuntimeError(f"at most 10 pytest-xdist workers (gw0 to gw9) can share a slot: {_WORKER}")
+#: The pytest-xdist worker's number (0 outside xdist): its sub-slot of :data:`SLOT`.
+WORKER = int(_WORKER[2:])
+_SLOT_TAG = ("" if SLOT == 0 else str(SLOT)) + ("" if WORKER == 0 else f"w{WORKER}")
 
 SSH_HOST_COUNT = 2
 NETNS_PREFIX = f"corral{_SLOT_TAG}-h"
 SUBNET_PREFIX = f"10.{213 + SLOT}"
+#: The third byte of the first host's subnet (host i's is this + i - 1).
+FIRST_SUBNET = 1 + 10 * WORKER
 
 # The Slurm cluster: its fake nodes, and fixed ports unlikely to be in use.  The node names are
 # the same in every slot (they all resolve to 127.0.0.1); each slot has its own controller.
 SLURM_NODES = ("n1", "n2")
-SLURMCTLD_PORT = 16817 + 100 * SLOT
+SLURMCTLD_PORT = 16817 + 100 * SLOT + 10 * WORKER
 SLURMD_FIRST_PORT = SLURMCTLD_PORT + 1
 ETC_HOSTS = Path("/etc/hosts")
 ETC_HOSTS_MARK = (
-    f"# added by corral's tests (tests/helpers/hosts.py){_SLOT_TAG and f' slot {SLOT}'}"
+    f"# added by corral's tests (tests/helpers/hosts.py){_SLOT_TAG and f' slot {_SLOT_TAG}'}"
 )
 
 # Private directories are named <prefix><pid of the pytest process>-<random>, so that a later
@@ -652,7 +666,7 @@ def start_ssh_hosts(
     count: int = SSH_HOST_COUNT,
     *,
     netns_prefix: str = NETNS_PREFIX,
-    first_subnet: int = 1,
+    first_subnet: int = FIRST_SUBNET,
     dir_prefix: str = SSH_DIR_PREFIX,
 ) -> SshHosts:
     """Bring ``count`` hosts up, registering each undo step on ``undo`` as soon as it is needed.
