@@ -808,6 +808,16 @@ def test_run_restart_on_failure_restarts_the_whole_group(tmp_path: Path, tag: st
 
 
 def test_run_max_restarts_spent_exits_with_the_code(tmp_path: Path, tag: str) -> None:
+    # Neither rank fails before both have said their try: a rank that failed first would have
+    # the other stopped for the restart, maybe before it echoed.  Rank 1 tells rank 0 through
+    # a FIFO (each open waits for the other end), in each of the two runs.
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    script = (
+        'echo "try $RANK"; '
+        f'if [ "$RANK" = 0 ]; then read go < {gate}; else echo go > {gate}; fi; '
+        "exit 9"
+    )
     out = corral(
         "run",
         "-n",
@@ -817,7 +827,7 @@ def test_run_max_restarts_spent_exits_with_the_code(tmp_path: Path, tag: str) ->
         "--max-restarts",
         "1",
         "--",
-        *sh('echo "try $RANK"; exit 9'),
+        *sh(script),
         cwd=tmp_path,
         tag=tag,
     )
@@ -869,12 +879,15 @@ def test_ctrl_c_during_the_restart_backoff(tmp_path: Path, tag: str) -> None:
     argv = corral_argv("run", "-n", "2", "--restart", "on-failure", "--", *sh("exit 3"))
     running = Streaming(argv, cwd=tmp_path, env=environ(tag))
     try:
-        # The second restart waits about 2 s (1.6 to 2.4 with the jitter).
-        running.until(lambda lines: any("(restart 2 of 3)" in x for x in lines))
-        started = time.monotonic()
+        # The third restart waits about 4 s (3.2 to 4.8 with the jitter), as its line says.
+        running.until(lambda lines: any("(restart 3 of 3)" in x for x in lines))
+        said = time.monotonic()
+        [line] = [x for x in running.lines if "(restart 3 of 3)" in x]
+        backoff = float(re.search(r"restarting the worker group in ([\d.]+) s", line)[1])
         os.killpg(running.proc.pid, signal.SIGINT)
         assert running.finish() == 130, running.lines
-        assert time.monotonic() - started < 1.5  # the backoff was not waited out
+        # Over before the backoff that began before its line was read would be: not waited out.
+        assert time.monotonic() - said < backoff, (backoff, running.lines)
     finally:
         running.close()
 
