@@ -105,33 +105,37 @@ def test_bad_runner_options_are_refused_at_once(options: dict[str, object], erro
         corral.open_runner(**options)  # type: ignore[arg-type]
 
 
+#: Bad keywords to ``start()``, and the error each gets.  Each is checked before anything
+#: starts, without a thought of the backend: the test runs all of them through one runner per
+#: backend, each as a subtest of its own.
+BAD_START_OPTIONS: list[tuple[dict[str, object], type]] = [
+    ({"grace": math.nan}, ValueError),
+    ({"grace": "1"}, TypeError),
+    ({"stop_signal": 999}, ValueError),
+    ({"stop_signal": "TERM"}, TypeError),
+    ({"start_timeout": 1.0}, ValueError),  # without wait_started
+    ({"wait_started": True, "start_timeout": math.inf}, ValueError),
+    ({"restart": "sometimes"}, ValueError),
+    ({"max_restarts": -1}, ValueError),
+    ({"name": "x" * 101}, ValueError),
+    ({"name": "has space"}, ValueError),
+    ({"name": "a/b"}, ValueError),
+    ({"env": {"A=B": "1"}}, ValueError),
+    ({"env": {"A": 1}}, TypeError),
+    ({"pass_fds": [1]}, ValueError),
+]
+
+
 @pytest.mark.anyio
-@pytest.mark.parametrize(
-    ("options", "error"),
-    [
-        ({"grace": math.nan}, ValueError),
-        ({"grace": "1"}, TypeError),
-        ({"stop_signal": 999}, ValueError),
-        ({"stop_signal": "TERM"}, TypeError),
-        ({"start_timeout": 1.0}, ValueError),  # without wait_started
-        ({"wait_started": True, "start_timeout": math.inf}, ValueError),
-        ({"restart": "sometimes"}, ValueError),
-        ({"max_restarts": -1}, ValueError),
-        ({"name": "x" * 101}, ValueError),
-        ({"name": "has space"}, ValueError),
-        ({"name": "a/b"}, ValueError),
-        ({"env": {"A=B": "1"}}, ValueError),
-        ({"env": {"A": 1}}, TypeError),
-        ({"pass_fds": [1]}, ValueError),
-    ],
-)
 async def test_bad_start_options_are_refused_before_anything_starts(
-    tag: str, options: dict[str, object], error: type
+    tag: str, subtests: pytest.Subtests
 ) -> None:
     async with corral.open_runner(console=False) as r:
-        with pytest.raises(error):
-            await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag}, **options)  # type: ignore[arg-type]
-        assert r.processes == ()
+        for options, error in BAD_START_OPTIONS:
+            with subtests.test(repr(options)[:60]):
+                with pytest.raises(error):
+                    await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag}, **options)  # type: ignore[arg-type]
+                assert r.processes == ()
     assert tagged_pids(tag) == []
 
 

@@ -552,93 +552,95 @@ def holds_a_lock() -> Callable[[], None]:
     return uses_lock
 
 
+#: Bad arguments to ``launch()``: (keywords, the error, what it says).  Each is checked before
+#: anything starts, without a thought of the backend: the test runs all of them through one
+#: runner per backend, each as a subtest of its own.
+BAD_INPUTS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"hosts": []}, ValueError, "hosts is empty"),
+    ({"hosts": "node1"}, TypeError, "not the string"),
+    ({"hosts": ["a.invalid", "a.invalid"]}, ValueError, "twice"),
+    ({"hosts": ["h\udcff.invalid"]}, ValueError, "not a host name"),
+    ({"hosts": ["a.invalid", "h\x00.invalid"]}, ValueError, "not a host name"),
+    ({"hosts": ["h\n.invalid"]}, ValueError, "not a host name"),
+    ({"hosts": [""]}, ValueError, "not a host name"),
+    ({"workers_per_host": 0}, ValueError, "at least 1"),
+    ({"workers_per_host": -2}, ValueError, "at least 1"),
+    ({"hosts": ["a.invalid", "b.invalid"], "workers_per_host": [1]}, ValueError, "1 entries"),
+    (
+        {"hosts": ["a.invalid", "b.invalid"], "workers_per_host": [2, 0]},
+        ValueError,
+        "at least 1",
+    ),
+    ({"workers_per_host": "2"}, TypeError, "workers_per_host"),
+    ({"workers_per_host": [2.5]}, TypeError, r"one int per host, not \[2\.5\]"),
+    ({"workers_per_host": [True]}, TypeError, "one int per host"),
+    ({"workers_per_host": 10**11}, ValueError, "at most 4096 on a host, not 100000000000"),
+    ({"workers_per_host": 4097}, ValueError, "at most 4096 on a host"),
+    (
+        {"hosts": [f"h{i}.invalid" for i in range(17)], "workers_per_host": 4096},
+        ValueError,
+        "at most 65536 workers in all, not 69632",
+    ),
+    ({"start_timeout": 0}, ValueError, "start_timeout"),
+    ({"copy_env": "HOME"}, TypeError, "copy_env"),
+    ({"forward_env": "HOME"}, TypeError, "forward_env"),
+    ({"forward_env": ["PATH", 3]}, TypeError, "forward_env"),
+    ({"func": holds_a_lock()}, TypeError, r"cannot send .*_thread\.lock"),
+    ({"func": 42}, TypeError, "callable"),
+    (
+        {"hosts": ["a.invalid"], "ssh": corral.SSH(identity_file="/nonexistent/id_ed25519")},
+        FileNotFoundError,
+        "/nonexistent/id_ed25519",
+    ),
+    ({"hosts": ["a.invalid"], "ssh": corral.SSH(port=70000)}, ValueError, "port"),
+    (
+        {"hosts": ["a.invalid"], "ssh": corral.SSH(executable="no-such-ssh-client")},
+        FileNotFoundError,
+        "no-such-ssh-client",
+    ),
+]
+BAD_INPUT_IDS = [
+    "empty-hosts",
+    "hosts-string",
+    "duplicate-host",
+    "host-not-utf8",
+    "host-nul",
+    "host-newline",
+    "host-empty",
+    "zero-workers",
+    "negative-workers",
+    "workers-wrong-length",
+    "workers-zero-on-one-host",
+    "workers-wrong-type",
+    "workers-float-per-host",
+    "workers-bool-per-host",
+    "workers-huge",
+    "workers-above-maximum",
+    "world-above-maximum",
+    "start-timeout",
+    "copy-env-string",
+    "forward-env-string",
+    "forward-env-not-a-glob",
+    "unpicklable",
+    "not-callable",
+    "identity-file",
+    "ssh-port",
+    "ssh-client",
+]
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        ({"hosts": []}, ValueError, "hosts is empty"),
-        ({"hosts": "node1"}, TypeError, "not the string"),
-        ({"hosts": ["a.invalid", "a.invalid"]}, ValueError, "twice"),
-        ({"hosts": ["h\udcff.invalid"]}, ValueError, "not a host name"),
-        ({"hosts": ["a.invalid", "h\x00.invalid"]}, ValueError, "not a host name"),
-        ({"hosts": ["h\n.invalid"]}, ValueError, "not a host name"),
-        ({"hosts": [""]}, ValueError, "not a host name"),
-        ({"workers_per_host": 0}, ValueError, "at least 1"),
-        ({"workers_per_host": -2}, ValueError, "at least 1"),
-        ({"hosts": ["a.invalid", "b.invalid"], "workers_per_host": [1]}, ValueError, "1 entries"),
-        (
-            {"hosts": ["a.invalid", "b.invalid"], "workers_per_host": [2, 0]},
-            ValueError,
-            "at least 1",
-        ),
-        ({"workers_per_host": "2"}, TypeError, "workers_per_host"),
-        ({"workers_per_host": [2.5]}, TypeError, r"one int per host, not \[2\.5\]"),
-        ({"workers_per_host": [True]}, TypeError, "one int per host"),
-        ({"workers_per_host": 10**11}, ValueError, "at most 4096 on a host, not 100000000000"),
-        ({"workers_per_host": 4097}, ValueError, "at most 4096 on a host"),
-        (
-            {"hosts": [f"h{i}.invalid" for i in range(17)], "workers_per_host": 4096},
-            ValueError,
-            "at most 65536 workers in all, not 69632",
-        ),
-        ({"start_timeout": 0}, ValueError, "start_timeout"),
-        ({"copy_env": "HOME"}, TypeError, "copy_env"),
-        ({"forward_env": "HOME"}, TypeError, "forward_env"),
-        ({"forward_env": ["PATH", 3]}, TypeError, "forward_env"),
-        ({"func": holds_a_lock()}, TypeError, r"cannot send .*_thread\.lock"),
-        ({"func": 42}, TypeError, "callable"),
-        (
-            {"hosts": ["a.invalid"], "ssh": corral.SSH(identity_file="/nonexistent/id_ed25519")},
-            FileNotFoundError,
-            "/nonexistent/id_ed25519",
-        ),
-        ({"hosts": ["a.invalid"], "ssh": corral.SSH(port=70000)}, ValueError, "port"),
-        (
-            {"hosts": ["a.invalid"], "ssh": corral.SSH(executable="no-such-ssh-client")},
-            FileNotFoundError,
-            "no-such-ssh-client",
-        ),
-    ],
-    ids=[
-        "empty-hosts",
-        "hosts-string",
-        "duplicate-host",
-        "host-not-utf8",
-        "host-nul",
-        "host-newline",
-        "host-empty",
-        "zero-workers",
-        "negative-workers",
-        "workers-wrong-length",
-        "workers-zero-on-one-host",
-        "workers-wrong-type",
-        "workers-float-per-host",
-        "workers-bool-per-host",
-        "workers-huge",
-        "workers-above-maximum",
-        "world-above-maximum",
-        "start-timeout",
-        "copy-env-string",
-        "forward-env-string",
-        "forward-env-not-a-glob",
-        "unpicklable",
-        "not-callable",
-        "identity-file",
-        "ssh-port",
-        "ssh-client",
-    ],
-)
-async def test_bad_input_fails_before_anything_starts(
-    kwargs: dict[str, Any], error: type[Exception], match: str
-) -> None:
+async def test_bad_input_fails_before_anything_starts(subtests: pytest.Subtests) -> None:
     logs = Lines()
-    kwargs = dict(kwargs)  # shared by both backends' runs
-    func = kwargs.pop("func", whoami)
     async with corral.open_runner(name="bad", console=False, handlers=[logs]) as r:
-        with pytest.raises(error, match=match):
-            await r.launch(func, **kwargs)
-        assert r.processes == ()
+        for case, (kwargs, error, match) in zip(BAD_INPUT_IDS, BAD_INPUTS, strict=True):
+            with subtests.test(case):
+                kwargs = dict(kwargs)  # shared by both backends' runs
+                func = kwargs.pop("func", whoami)
+                with pytest.raises(error, match=match):
+                    await r.launch(func, **kwargs)
+                assert r.processes == ()
     assert not [m for m in logs.messages() if "started" in m]
 
 
