@@ -14,6 +14,7 @@ signal gets, and look at ``signal.getsignal`` before, during and after.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -226,20 +227,33 @@ def _outcome_line(sig: int, shape: str) -> str:
 
 BACKENDS = ["asyncio", "trio"]
 
-# (signal, target): SIGINT and SIGTERM both ways, SIGHUP to the pid.
-DELIVERIES = [
-    (signal.SIGINT, "pid"),
-    (signal.SIGINT, "group"),
-    (signal.SIGTERM, "pid"),
-    (signal.SIGTERM, "group"),
-    (signal.SIGHUP, "pid"),
+# The fan-out, pairwise: the signal (SIGINT, SIGTERM, SIGHUP), where it is sent (the pid, or
+# the process group as a terminal's Ctrl-C does; SIGHUP to the pid only), the runners' layout
+# (nested in one task, or siblings in a task group) and the backend.  Each delivery (signal and
+# target) is there, and every pair of values of any two of the four: each signal with each
+# layout and each backend, each target with each layout and each backend, each layout with
+# each backend.  The whole product (20 launchers) would add no pair.
+FAN_OUT = [
+    (signal.SIGINT, "pid", "nested", "asyncio"),
+    (signal.SIGINT, "group", "siblings", "trio"),
+    (signal.SIGTERM, "pid", "siblings", "trio"),
+    (signal.SIGTERM, "group", "nested", "asyncio"),
+    (signal.SIGHUP, "pid", "nested", "trio"),
+    (signal.SIGHUP, "pid", "siblings", "asyncio"),
 ]
 
 
+def test_the_fan_out_cases_hold_every_pair() -> None:
+    values = [HANDLED, ("pid", "group"), ("nested", "siblings"), tuple(BACKENDS)]
+    for i, j in itertools.combinations(range(4), 2):
+        pairs = {(a, b) for a in values[i] for b in values[j]}
+        if (i, j) == (0, 1):
+            pairs.discard((signal.SIGHUP, "group"))  # SIGHUP goes to the pid only
+        assert pairs <= {(case[i], case[j]) for case in FAN_OUT}, (i, j)
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("layout", ["nested", "siblings"])
-@pytest.mark.parametrize(("sig", "target"), DELIVERIES)
+@pytest.mark.parametrize(("sig", "target", "layout", "backend"), FAN_OUT)
 def test_signal_fans_out_to_every_child_of_every_runner(
     launch: Launch, tag: str, backend: str, layout: str, sig: int, target: str
 ) -> None:
