@@ -103,6 +103,11 @@ def test_test_command_runs_every_check() -> None:
         assert check in command
 
 
+def test_the_test_command_shows_the_20_slowest_tests() -> None:
+    """The suite's time is a budget (5.5 minutes on 2 cores): CI's output shows where it goes."""
+    assert "python -m pytest -q --durations=20" in marked_command("test-command")
+
+
 def test_run_command_names_an_existing_example() -> None:
     words = shlex.split(marked_command("run-command"))
     scripts = [w for w in words if w.endswith(".py")]
