@@ -19,7 +19,7 @@ Usage::
 
     python bench/omp.py                 # 5 rounds each, 384x384, 100 products per rank
     python bench/omp.py --markdown      # the table in Markdown
-    python bench/omp.py --smoke         # one tiny round each: checks that it runs
+    python bench/omp.py --smoke         # one tiny round each, 2 ranks: checks that it runs
 
 Options: ``--rounds`` (5), ``--size`` (384), ``--iters`` (100), ``--ranks``
 (4), ``--markdown``, ``--smoke``.  torchrun is run as ``python -m
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--markdown", action="store_true")
-    add_smoke(parser, rounds=1, size=32, iters=3)
+    add_smoke(parser, rounds=1, size=32, iters=3, ranks=2)
     args = parser.parse_args()
     print_header("OMP_NUM_THREADS: 4 CPU-bound ranks", "omp.py", ["corral", "torch"])
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
