@@ -108,7 +108,7 @@ async def test_a_full_disk_suspends_the_files_counts_and_resumes(
     # The monitor's clients were told too, the total before the monitor's end.
     told = [row[5] for row in watcher.rows("full")]
     assert sum(bool(suspended.match(m)) for m in told) == 2, told
-    assert last in told and watcher.ending[-1] == {"type": "end"}
+    assert last in told and watcher.ending[-1] == {"type": "end", "status": 0, "failure": None}
     assert "Traceback" not in capfd.readouterr().err  # no destination broke
 
 
