@@ -8,11 +8,16 @@ and look at the real process table.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -41,6 +46,54 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(signum, default)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SESSION_SIGNALS)
     _reaper.session()
+    if not hasattr(config, "workerinput") and _parallel(config):
+        # The controller of a parallel session: its workers, started after this, inherit it.
+        folder = tempfile.mkdtemp(prefix="corral-turns-")
+        os.environ[TURNS_VAR] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+# -- a parallel session (pytest-xdist): the tests that must run alone ---------------------------
+
+#: The folder where the workers of a parallel session take turns (set by its controller).
+TURNS_VAR = "CORRAL_TEST_TURNS"
+
+
+def _parallel(config: pytest.Config) -> bool:
+    return config.pluginmanager.hasplugin("xdist") and bool(config.getoption("numprocesses"))
+
+
+@contextlib.contextmanager
+def _turn(folder: Path, *, alone: bool) -> Iterator[None]:
+    """Run a test beside the other workers' tests, or (``alone``) while none of them runs.
+
+    Every test holds the ``turn`` lock shared; one that runs alone holds it exclusive, and
+    first the ``gate`` lock exclusive, which every test takes (shared) on its way in: so while
+    it waits for the tests under way to end, no other test starts.
+    """
+    with open(folder / "gate", "a") as gate, open(folder / "turn", "a") as turn:
+        if alone:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(turn, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(turn, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # both are let go when the files close
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """In a parallel session, a test marked ``serial`` runs while no other test does.
+
+    For a test that counts or changes what the whole machine shares (the processes of a user,
+    a limit of the process table): the other workers' tests would change its figures.
+    """
+    folder = os.environ.get(TURNS_VAR)
+    if folder is None or not hasattr(item.config, "workerinput"):
+        return (yield)
+    with _turn(Path(folder), alone=item.get_closest_marker("serial") is not None):
+        return (yield)
 
 
 # In CI: no per-example deadlines (a loaded machine is not a failing test), and

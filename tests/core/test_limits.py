@@ -85,6 +85,7 @@ NPROC_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # it counts the processes of user nobody, which other tests start too
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_the_process_limit_at_a_burst_of_starts_is_reported_clearly(backend: str, tag: str) -> None:
     """A real RLIMIT_NPROC reached (as a user it binds): ResourceLimitError naming it."""

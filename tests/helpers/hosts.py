@@ -118,10 +118,12 @@ if not (len(_SLOT) == 1 and _SLOT.isdigit()):
     raise RuntimeError(f"CORRAL_TEST_SLOT must be one digit, not {_SLOT!r}")
 SLOT = int(_SLOT)
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-if not re.fullmatch(r"gw\d", _WORKER):
-    raise RuntimeError(f"at most 10 pytest-xdist workers (gw0 to gw9) can share a slot: {_WORKER}")
-#: The pytest-xdist worker's number (0 outside xdist): its sub-slot of :data:`SLOT`.
-WORKER = int(_WORKER[2:])
+if not re.fullmatch(r"gw\d+", _WORKER):
+    raise RuntimeError(f"PYTEST_XDIST_WORKER is not a pytest-xdist worker's name: {_WORKER!r}")
+#: The pytest-xdist worker's sub-slot of :data:`SLOT` (0 outside xdist): its number, modulo 10
+#: (a worker that replaces a crashed one gets the next number; the crashed one's reaper has
+#: cleaned up, or is waited for, as for any dead session).
+WORKER = int(_WORKER[2:]) % 10
 _SLOT_TAG = ("" if SLOT == 0 else str(SLOT)) + ("" if WORKER == 0 else f"w{WORKER}")
 
 SSH_HOST_COUNT = 2
