@@ -73,9 +73,9 @@ LOG = corral.LOG
 #: ``open_runner``) that prints ``url URL`` (its monitor's, or ``-``) and then
 #: obeys JSON commands on stdin, each answered with one line starting with ``ok``:
 #: ``["reset"]`` resets the peak resident size and answers the current one (KiB);
-#: ``["memory"]`` answers ``VmRSS VmHWM`` (KiB); ``["run", N, CODE, ARGS...]`` runs N
-#: children ``python -c CODE ARGS...`` at once and answers the seconds until every
-#: line they printed reached a counting handler (N, and the count, in the answer
+#: ``["memory"]`` answers ``VmRSS VmHWM`` (KiB); ``["run", N, LINES, ARGV]`` runs N
+#: children ``ARGV`` at once, each printing LINES lines, and answers the seconds until every
+#: line they printed reached a counting handler (the count, in the answer
 #: ``ok run SECONDS LINES CPU``, CPU the launcher's own CPU seconds meanwhile, all its
 #: threads); ``["clients", N]`` waits until the monitor has N
 #: clients; ``["socket"]`` answers the log socket's path (as a child sees it);
@@ -141,19 +141,19 @@ LAUNCHER = textwrap.dedent(
                 elif command == "memory":
                     reply(command, *memory())
                 elif command == "run":
-                    count, code, *argv = args
+                    count, each, argv = args
                     before = counter.count
                     start, cpu = time.perf_counter(), time.process_time()
                     async with anyio.create_task_group() as tg:
                         for i in range(count):
                             runs += 1
                             tg.start_soon(
-                                lambda n: r.run([sys.executable, "-c", code, *argv], name=n),
+                                lambda n: r.run(argv, name=n),
                                 f"run-{runs}",
                             )
                     lines = 0
                     if counting:
-                        expected = before + count * int(argv[0])
+                        expected = before + count * each
                         lines = await anyio.to_thread.run_sync(counter.wait, expected)
                         lines -= before
                     reply(command, time.perf_counter() - start, lines, time.process_time() - cpu)
@@ -191,6 +191,13 @@ LINES = textwrap.dedent(
 )
 
 
+def lines_argv(count: int, length: int) -> list[str]:
+    """A child that prints ``count`` lines of ``length`` bytes (newline included) as :data:`LINES`
+    does, made of small C programs: a hundred of them cost far less than as many interpreters."""
+    line = f"head -c {length - 1} /dev/zero | tr '\\0' x; echo"
+    return ["sh", "-c", f"i=0; while [ $i -lt {count} ]; do {line}; i=$((i + 1)); done"]
+
+
 class Launcher(Child):
     """The :data:`LAUNCHER` program: ``url``, ``command()``, ``memory()``, ``run()``."""
 
@@ -217,8 +224,19 @@ class Launcher(Child):
     def run_costs(
         self, children: int, code: str, *argv: object, timeout: float = 60
     ) -> tuple[float, float]:
-        """:meth:`run`'s seconds, and the CPU seconds the launcher spent meanwhile."""
-        answer = self.command("run", children, code, *map(str, argv), timeout=timeout)
+        """:meth:`run`'s seconds, and the CPU seconds the launcher spent meanwhile.
+
+        ``argv[0]``, if there is one, is how many lines each child prints (as for
+        :data:`LINES`); the launcher counts them if told to (``counting``).
+        """
+        each = int(str(argv[0])) if argv and str(argv[0]).isdigit() else 0
+        return self.run_argv(children, each, [PY, "-c", code, *map(str, argv)], timeout=timeout)
+
+    def run_argv(
+        self, children: int, each: int, argv: list[str], timeout: float = 60
+    ) -> tuple[float, float]:
+        """Run ``children`` copies of ``argv`` at once, ``each`` printing so many lines."""
+        answer = self.command("run", children, each, argv, timeout=timeout)
         words = answer.split()
         return float(words[2]), float(words[4])
 
@@ -396,7 +414,7 @@ def test_unauthenticated_peers_cost_a_few_mib_and_honest_ones_still_work(
             grown = grown_mib(runner, before)
             # Meanwhile, the honest still get through.
             assert _honest_monitor_client(runner.url)["type"] == "hello"
-            answer = runner.command("run", 1, HONEST_LOGGER, "1").split()
+            answer = runner.command("run", 1, 1, [PY, "-c", HONEST_LOGGER, "1"]).split()
             assert answer[3] == "1", answer
             grown = max(grown, grown_mib(runner, before))
         finally:
@@ -441,7 +459,7 @@ async def test_the_backlogs_of_all_sources_keep_to_their_total() -> None:
     async with corral.open_runner(console=False) as r:
         procs = []
         for i in range(40):
-            p = await r.start([PY, "-c", LINES, "2", str(1 << 19)], name=f"c{i}")
+            p = await r.start(lines_argv(2, 1 << 19), name=f"c{i}")
             await p.wait()
             procs.append(p)
         for p in procs:
@@ -461,9 +479,9 @@ def test_backlogs_of_many_children_cost_a_bounded_total(tmp_path: Path, anyio_ba
     (Each stream held its unfinished line of up to 1 MiB, and each source a backlog of
     1 MiB: the launcher grew by 100 to 220 MiB.)"""
     with launcher(tmp_path, anyio_backend) as runner:
-        runner.run(4, LINES, 2, 1 << 20)  # warm up
+        runner.run_argv(4, 2, lines_argv(2, 1 << 20))  # warm up
         before = runner.reset()
-        runner.run(100, LINES, 2, 1 << 20)
+        runner.run_argv(100, 2, lines_argv(2, 1 << 20))
         grown = grown_mib(runner, before)
     # The backlogs, the unfinished lines and the collector's queue, 8 MiB at most each
     # (31 to 38 MiB measured), and a little slack for the allocator.
