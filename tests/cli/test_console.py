@@ -427,7 +427,8 @@ class Reflowing:
     """A terminal that rewraps its lines when it is resized (VTE, iTerm2, kitty, tmux do).
 
     It understands what the console writes: text, CR, LF, cursor up (CSI A),
-    to a column (CSI G), erase in line (CSI K), erase below (CSI J); other
+    to a column (CSI G), erase in line (CSI K), erase below (CSI J), autowrap
+    off and on (CSI ?7l, CSI ?7h: off, a line is cut at the right edge); other
     sequences are ignored.  Rows that scroll off the top go to the
     scrollback, which the cursor cannot reach.  A resize rewraps every line,
     those below the cursor too, and keeps the cursor on the screen.
@@ -441,6 +442,7 @@ class Reflowing:
         self.buffer: list[list[str]] = [[]]
         self.wrapped = [False]
         self.y = self.x = 0
+        self.autowrap = True
         self._pending = ""
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
@@ -480,7 +482,9 @@ class Reflowing:
             self.wrapped.append(False)
 
     def _put(self, char: str) -> None:
-        if self.x >= self.cols:
+        if self.x >= self.cols and not self.autowrap:
+            self.x = self.cols - 1  # the last column is written over
+        elif self.x >= self.cols:
             self.wrapped[self.y] = True
             self._down()
             self.x = 0
@@ -494,7 +498,9 @@ class Reflowing:
 
     def _csi(self, params: str, final: str) -> None:
         number = int(params) if params.isdigit() else None
-        if final == "A":
+        if params == "?7" and final in "hl":
+            self.autowrap = final == "h"
+        elif final == "A":
             self.y = max(self.top, self.y - (number or 1))
         elif final == "G":
             self.x = (number or 1) - 1
@@ -665,6 +671,39 @@ sys.stderr.write(f"\\rbar of rank {rank} done\\n")
 #: and together they narrow the screen to a third (each pinned line drawn 120 columns wide
 #: then takes three rows, the block more than the screen), or widen it again.
 SIZES = [((70, 20), (40, 12)), ((90, 26), (120, 30)), ((60, 18), (42, 14)), ((100, 28), (120, 30))]
+
+
+def test_a_frame_made_for_a_wider_terminal_is_still_cleared() -> None:
+    """The race of every resize, made certain: the console reads 120 columns and
+    draws for them, but the terminal is 40 columns wide when the frame arrives.
+
+    Each pinned line is cut at the edge (autowrap off while they are drawn), so
+    the move back to their start counts the rows they took, and the next draw
+    clears all of them: no row of an old frame stays above the lines."""
+    from corral._logs._console import ConsoleHandler
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    stream = open(slave, "w", encoding="utf-8", closefd=True)  # noqa: SIM115
+    screen = Reflowing(40, 12)  # narrowed before any of it arrived
+
+    def arrived() -> None:
+        while select.select([master], [], [], 0)[0]:
+            screen.feed(os.read(master, 65536))
+
+    try:
+        console = ConsoleHandler(stream, colour=False)
+        for frame in range(3):
+            console.set_footer([f"{frame} {'x' * 100}".encode(), b"y" * 100])
+            arrived()
+            console.say(f"line {frame}", stream)
+            arrived()
+        console.close()
+        arrived()
+    finally:
+        stream.close()
+        os.close(master)
+    assert [line for line in screen.lines() if line] == ["line 0", "line 1", "line 2"]
 
 
 @pytest.mark.timeout(60)

@@ -358,10 +358,13 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 more = f"... and {hidden} more progress bar{'s' if hidden != 1 else ''}"
                 bars.append(_cut(more.encode(), columns))
         pinned = [*bars, *footer]
-        out.append(b"\n".join(line for line, _ in pinned))
         if pinned:
+            # Autowrap off while they are drawn: a frame made for the width read
+            # above may reach a terminal made narrower since, and a line that
+            # wrapped there would take more rows than the move back counts.
+            out += [_NO_WRAP, b"\n".join(line for line, _ in pinned)]
             # Back to their start, where the next draw clears them from.
-            out.append(_back_to_start(len(pinned)))
+            out += [_back_to_start(len(pinned)), _WRAP]
         self._drawn = [width for _, width in pinned]
         self._raw(b"".join(out))
 
@@ -495,6 +498,12 @@ class _Styles:
 
 #: Erase from the cursor (at the start of the pinned lines) to the end of the screen.
 _CLEAR: Final = b"\r\x1b[J"
+
+
+#: Autowrap (DECAWM) off, and on again: a line wider than the terminal is cut
+#: at its edge instead of taking a second row.
+_NO_WRAP: Final = b"\x1b[?7l"
+_WRAP: Final = b"\x1b[?7h"
 
 
 def _back_to_start(count: int) -> bytes:
