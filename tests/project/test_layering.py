@@ -153,7 +153,7 @@ def imports_of(module: str) -> Iterator[Import]:
         elif (
             isinstance(node, ast.Call)
             and ast.unparse(node.func).endswith("import_module")
-            and module != "corral"
+            and module != "corral._facade"
         ):
             yield Import(module, "<import_module>", (), node.lineno, where)
         yield from walk(node, where)
@@ -375,7 +375,13 @@ def _loaded_after(code: str, env: dict[str, str] | None = None) -> set[str]:
 
 def test_import_corral_child_loads_no_event_loop() -> None:
     loaded = _loaded_after("import corral.child")
-    assert loaded <= {"corral", "corral.child", "corral._sys", "corral._sys._childenv"}, loaded
+    assert loaded <= {
+        "corral",
+        "corral._facade",
+        "corral.child",
+        "corral._sys",
+        "corral._sys._childenv",
+    }, loaded
 
 
 def test_corral_child_connect_loads_no_event_loop(tmp_path: Path) -> None:
@@ -392,6 +398,7 @@ def test_corral_child_connect_loads_no_event_loop(tmp_path: Path) -> None:
     assert "corral._logs._child_logging" in corral_modules, corral_modules
     assert corral_modules <= {
         "corral",
+        "corral._facade",
         "corral.child",
         "corral._sys",
         "corral._sys._childenv",
