@@ -341,9 +341,11 @@ def plan_run(
             hint = "--ssh-identity" if ssh_identity and str(ssh_identity) in str(exc) else None
             raise click.BadParameter(str(exc), param_hint=hint) from None
     if host_list == "slurm":
+        import corral
+
         try:
-            slurm_hosts()
-        except (RuntimeError, OSError) as exc:
+            anyio.run(slurm_hosts)
+        except corral.LaunchError as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
     check_nodes(nnodes, node_rank, host_list)
     if rdzv_endpoint is not None:  # torchrun's rule: the endpoint, else the master's address
