@@ -84,7 +84,7 @@ class CorralLog:
         self._count = 0  # records ever kept
         self._reported = 0  # of those, how many a report section showed already
         self._changed = threading.Condition()
-        self.handler: logging.Handler = _CaptureHandler(self)
+        self.handler: logging.Handler = _CaptureHandler(self._add)
         """A :class:`logging.Handler` that adds every record it gets to this log."""
 
     def _add(self, record: logging.LogRecord, line: str) -> None:
@@ -169,9 +169,11 @@ class CorralLog:
 
 
 class _CaptureHandler(logging.Handler):
-    def __init__(self, log: CorralLog) -> None:
+    """Formats each record and hands it to ``add`` (a :class:`CorralLog`'s)."""
+
+    def __init__(self, add: Callable[[logging.LogRecord, str], None]) -> None:
         super().__init__(logging.NOTSET)
-        self._log = log
+        self._add = add
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -179,7 +181,7 @@ class _CaptureHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
-        self._log._add(record, line)
+        self._add(record, line)
 
 
 def _format(record: logging.LogRecord) -> str:
