@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 import corral
+from corral import _checks
 from corral._core._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions
 from corral._launch import _link
 from corral._launch._link import AgentConfig
@@ -273,3 +274,42 @@ def test_the_checked_options_are_in_their_checked_form() -> None:
     assert checked.copy_env == ("Y",) and checked.grace == 2.5 and checked.ssh == corral.SSH()
     assert checked.checked(1.0) == checked  # checking twice changes nothing
     assert LaunchSpec(grace=0).checked(2.5).grace == 0.0
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "error", "said"),
+    [
+        (lambda v: _checks.check_seconds(v, "t"), "1", TypeError, "t must be a number of seconds"),
+        (lambda v: _checks.check_seconds(v, "t"), True, TypeError, "not bool"),
+        (lambda v: _checks.check_seconds(v, "t"), -1, ValueError, "t must be a finite"),
+        (lambda v: _checks.check_seconds(v, "t"), float("nan"), ValueError, "finite"),
+        (lambda v: _checks.check_seconds(v, "t", positive=True), 0, ValueError, "positive"),
+        (lambda v: _checks.check_seconds(v, "t", positive=True), float("inf"), ValueError, "t "),
+        (lambda v: _checks.check_host(v, "h"), "", ValueError, "h: '' is not a host name"),
+        (lambda v: _checks.check_host(v, "h"), "a\nb", ValueError, "printable UTF-8"),
+        (lambda v: _checks.check_host(v, "h"), "a\udcff", ValueError, "printable UTF-8"),
+        (lambda v: _checks.check_host(v, "h"), 1, ValueError, "h: 1 is not"),
+        (lambda v: _checks.check_port(v, "p"), 0, ValueError, "p must be a TCP port"),
+        (lambda v: _checks.check_port(v, "p"), 65536, ValueError, "1 to 65535"),
+        (lambda v: _checks.check_port(v, "p"), True, ValueError, "not True"),
+        (lambda v: _checks.check_globs(v, "g"), "X*", TypeError, "g must be a sequence of globs"),
+        (lambda v: _checks.check_globs(v, "g"), ["X", 3], TypeError, "g: 3 is not a glob"),
+        (lambda v: _checks.check_path(v, "d"), 3, TypeError, "d must be a path, not int"),
+        (lambda v: _checks.check_path(v, "d"), "a\0b", ValueError, "without NUL"),
+        (lambda v: _checks.check_path(v, "d"), "", ValueError, "d must be a path"),
+    ],
+)
+def test_each_check_names_what_it_checks(
+    check: typing.Callable[[object], object], value: object, error: type[Exception], said: str
+) -> None:
+    with pytest.raises(error) as caught:
+        check(value)
+    assert said in str(caught.value)
+
+
+def test_each_check_gives_the_value_in_its_checked_form() -> None:
+    assert _checks.check_seconds(2, "t") == 2.0 and isinstance(_checks.check_seconds(2, "t"), float)
+    assert _checks.check_host("node-1.example", "h") == "node-1.example"
+    assert _checks.check_port(29500, "p") == 29500
+    assert _checks.check_globs(["A*", "B"], "g") == ("A*", "B")
+    assert _checks.check_path(Path("/tmp/x"), "d") == "/tmp/x"

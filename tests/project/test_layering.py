@@ -224,75 +224,91 @@ def _resolve(package: str, name: str) -> str:
 
 
 def imports_of(pkg: Package, module: str) -> Iterator[Import]:
-    root = pkg.root.name
-    known = set(pkg.modules)
-    is_package = pkg.modules[module].name == "__init__.py"
-    package = module if is_package else module.rpartition(".")[0]
-    importers = _importers(pkg.tree(module))
+    finder = _ImportFinder(pkg, module)
+    yield from finder.walk(pkg.tree(module), "top")
+    stub = pkg.stub(module)
+    if stub is not None:
+        yield from finder.walk(stub, "stub")
 
-    def ours(target: str) -> bool:
-        return target == root or target.startswith(root + ".")
 
-    def walk(node: ast.AST, where: str) -> Iterator[Import]:
+class _ImportFinder:
+    """The imports of one module of ``pkg``, statement by statement, call by call."""
+
+    def __init__(self, pkg: Package, module: str) -> None:
+        self.module = module
+        self.root = pkg.root.name
+        self.known = set(pkg.modules)
+        is_package = pkg.modules[module].name == "__init__.py"
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.importers = _importers(pkg.tree(module))
+
+    def ours(self, target: str) -> bool:
+        return target == self.root or target.startswith(self.root + ".")
+
+    def walk(self, node: ast.AST, where: str) -> Iterator[Import]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
                 for sub in child.body:
-                    yield from visit(sub, "TYPE_CHECKING")
+                    yield from self.visit(sub, "TYPE_CHECKING")
                 for sub in child.orelse:
-                    yield from visit(sub, where)
+                    yield from self.visit(sub, where)
                 continue
             here = where
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
                 here = "function" if where == "top" else where
-            yield from visit(child, here)
+            yield from self.visit(child, here)
 
-    def call(node: ast.Call, where: str) -> Iterator[Import]:
-        if ast.unparse(node.func) not in importers or not node.args:
-            return
-        first = node.args[0]
-        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
-            yield Import(module, DYNAMIC, (), node.lineno, where)
-            return
-        name = first.value
-        if name.startswith("."):  # import_module("._x", __package__): relative to the package
-            anchor = node.args[1] if len(node.args) > 1 else None
-            anchor = next((k.value for k in node.keywords if k.arg == "package"), anchor)
-            if isinstance(anchor, ast.Constant) and isinstance(anchor.value, str):
-                name = _resolve(anchor.value, name)
-            elif anchor is not None and ast.unparse(anchor) in ("__package__", "__spec__.parent"):
-                name = _resolve(package, name)
-            else:
-                yield Import(module, DYNAMIC, (), node.lineno, where)
-                return
-        if ours(name):
-            yield Import(module, name, (), node.lineno, where)
-
-    def visit(node: ast.AST, where: str) -> Iterator[Import]:
+    def visit(self, node: ast.AST, where: str) -> Iterator[Import]:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if ours(alias.name):
-                    yield Import(module, alias.name, (), node.lineno, where)
+                if self.ours(alias.name):
+                    yield Import(self.module, alias.name, (), node.lineno, where)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                target = _resolve(package, "." * node.level + (node.module or ""))
-            else:
-                target = node.module or ""
-            if ours(target):
-                names = tuple(a.name for a in node.names)
-                submodules = tuple(n for n in names if f"{target}.{n}" in known)
-                for name in submodules:  # ``from . import _x``: the module _x
-                    yield Import(module, f"{target}.{name}", (), node.lineno, where)
-                rest = tuple(n for n in names if n not in submodules)
-                if rest:
-                    yield Import(module, target, rest, node.lineno, where)
+            yield from self.import_from(node, where)
         elif isinstance(node, ast.Call):
-            yield from call(node, where)
-        yield from walk(node, where)
+            yield from self.call(node, where)
+        yield from self.walk(node, where)
 
-    yield from walk(pkg.tree(module), "top")
-    stub = pkg.stub(module)
-    if stub is not None:
-        yield from walk(stub, "stub")
+    def import_from(self, node: ast.ImportFrom, where: str) -> Iterator[Import]:
+        if node.level:
+            target = _resolve(self.package, "." * node.level + (node.module or ""))
+        else:
+            target = node.module or ""
+        if not self.ours(target):
+            return
+        names = tuple(a.name for a in node.names)
+        submodules = tuple(n for n in names if f"{target}.{n}" in self.known)
+        for name in submodules:  # ``from . import _x``: the module _x
+            yield Import(self.module, f"{target}.{name}", (), node.lineno, where)
+        rest = tuple(n for n in names if n not in submodules)
+        if rest:
+            yield Import(self.module, target, rest, node.lineno, where)
+
+    def call(self, node: ast.Call, where: str) -> Iterator[Import]:
+        """``import_module(name)``, ``__import__(name)``: the module, if ``name`` says which."""
+        if ast.unparse(node.func) not in self.importers or not node.args:
+            return
+        target = self.named(node)
+        if target is None:
+            yield Import(self.module, DYNAMIC, (), node.lineno, where)
+        elif self.ours(target):
+            yield Import(self.module, target, (), node.lineno, where)
+
+    def named(self, node: ast.Call) -> str | None:
+        """The module a call imports; ``None`` if its name is computed."""
+        first = node.args[0]
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            return None
+        if not first.value.startswith("."):
+            return first.value
+        # import_module("._x", __package__): relative to the package it names.
+        anchor = node.args[1] if len(node.args) > 1 else None
+        anchor = next((k.value for k in node.keywords if k.arg == "package"), anchor)
+        if isinstance(anchor, ast.Constant) and isinstance(anchor.value, str):
+            return _resolve(anchor.value, first.value)
+        if anchor is not None and ast.unparse(anchor) in ("__package__", "__spec__.parent"):
+            return _resolve(self.package, first.value)
+        return None
 
 
 # -- the checks: each returns what is wrong ---------------------------------------------------
