@@ -1,8 +1,10 @@
-"""Checks of the arguments every layer takes: argument vectors, grace periods, signals, keywords.
+"""Checks of the arguments every layer takes: argument vectors, seconds, signals, names, texts,
+ports, globs, paths and keywords.
 
-Each returns the value in its checked form or raises ``TypeError`` or
-``ValueError`` with a message that names the argument, before anything is
-started.
+The one home of each: the option records' ``checked()`` methods and the
+commands call these.  Each returns the value in its checked form or raises
+``TypeError`` or ``ValueError`` with a message that names the argument, before
+anything is started.
 """
 
 from __future__ import annotations
@@ -13,10 +15,22 @@ import math
 import os
 import signal
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["check_argv", "check_grace", "check_keywords", "check_signal", "with_keywords"]
+__all__ = [
+    "check_argv",
+    "check_globs",
+    "check_grace",
+    "check_host",
+    "check_keywords",
+    "check_path",
+    "check_port",
+    "check_seconds",
+    "check_signal",
+    "is_text",
+    "with_keywords",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,14 +62,66 @@ def check_argv(argv: object) -> list[str]:
     return [os.fsdecode(x) if isinstance(x, bytes) else str(x) for x in result]
 
 
+def check_seconds(value: object, what: str, *, positive: bool = False) -> float:
+    """A number of seconds: finite, and ``> 0`` if ``positive`` (a deadline), else ``>= 0``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if positive and not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+    return seconds
+
+
 def check_grace(grace: object, what: str = "grace") -> float:
     """A grace period in seconds: a finite number >= 0."""
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(grace).__name__}")
-    value = float(grace)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a finite number of seconds >= 0, not {grace!r}")
-    return value
+    return check_seconds(grace, what)
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` is printable UTF-8 text (an argument of bytes that are not is not)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: bytes of an argument that were not UTF-8
+        return False
+    return value.isprintable()
+
+
+def check_host(host: object, what: str) -> str:
+    """A host name or an address: non-empty printable UTF-8 text."""
+    if not isinstance(host, str) or not host or not is_text(host):
+        raise ValueError(
+            f"{what}: {host!r} is not a host name or an address (printable UTF-8 text)"
+        )
+    return host
+
+
+def check_port(port: object, what: str) -> int:
+    """A TCP port: an int from 1 to 65535."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"{what} must be a TCP port, 1 to 65535, not {port!r}")
+    return port
+
+
+def check_globs(globs: object, what: str) -> tuple[str, ...]:
+    """A sequence of :mod:`fnmatch` patterns (not one string), as a tuple."""
+    if isinstance(globs, str) or not isinstance(globs, Sequence):
+        raise TypeError(f"{what} must be a sequence of globs, not {globs!r}")
+    for glob in globs:
+        if not isinstance(glob, str):
+            raise TypeError(f"{what}: {glob!r} is not a glob (a string)")
+    return tuple(globs)
+
+
+def check_path(path: object, what: str) -> str:
+    """A path (a ``str`` or an :class:`os.PathLike`), as a ``str``; no NUL in it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path, not {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise ValueError(f"{what} must be a path (text without NUL), not {path!r}")
+    return text
 
 
 def check_signal(signum: object, what: str = "stop_signal") -> int:

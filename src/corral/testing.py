@@ -84,7 +84,7 @@ class CorralLog:
         self._count = 0  # records ever kept
         self._reported = 0  # of those, how many a report section showed already
         self._changed = threading.Condition()
-        self.handler: logging.Handler = _CaptureHandler(self)
+        self.handler: logging.Handler = _CaptureHandler(self._add)
         """A :class:`logging.Handler` that adds every record it gets to this log."""
 
     def _add(self, record: logging.LogRecord, line: str) -> None:
@@ -169,9 +169,11 @@ class CorralLog:
 
 
 class _CaptureHandler(logging.Handler):
-    def __init__(self, log: CorralLog) -> None:
+    """Formats each record and hands it to ``add`` (a :class:`CorralLog`'s)."""
+
+    def __init__(self, add: Callable[[logging.LogRecord, str], None]) -> None:
         super().__init__(logging.NOTSET)
-        self._log = log
+        self._add = add
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -179,7 +181,7 @@ class _CaptureHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
-        self._log._add(record, line)
+        self._add(record, line)
 
 
 def _format(record: logging.LogRecord) -> str:
@@ -313,17 +315,36 @@ def corral_no_leaks() -> Iterator[None]:
     fds_before = _fd_table()
     threads_before = set(threading.enumerate())
     yield
-    problems = []
-    children = [pid for pid in _children_of(os.getpid()) if pid not in children_before]
-    if children:
-        described = [_describe_process(pid) for pid in children]
-        for pid in children:
-            _end(pid)
-        problems.append(f"{len(children)} child process(es): " + ", ".join(described))
+    problems = [
+        problem
+        for problem in (
+            _leaked_children(children_before),
+            _leaked_threads(threads_before),
+            _leaked_descriptors(fds_before),
+        )
+        if problem
+    ]
+    if problems:
+        pytest.fail("the test leaked " + "; ".join(problems), pytrace=False)
+
+
+def _leaked_children(before: set[int]) -> str:
+    """The children that were not there before, killed and reaped; what they were."""
+    children = [pid for pid in _children_of(os.getpid()) if pid not in before]
+    if not children:
+        return ""
+    described = [_describe_process(pid) for pid in children]
+    for pid in children:
+        _end(pid)
+    return f"{len(children)} child process(es): " + ", ".join(described)
+
+
+def _leaked_threads(before: set[threading.Thread]) -> str:
+    """The non-daemon threads still alive :data:`THREAD_JOIN_WAIT` seconds from now."""
     threads = [
         t
         for t in threading.enumerate()
-        if t not in threads_before
+        if t not in before
         and t.is_alive()
         and not t.daemon
         and not t.name.startswith(_POOL_THREADS)
@@ -332,22 +353,22 @@ def corral_no_leaks() -> Iterator[None]:
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     threads = [t for t in threads if t.is_alive()]
-    if threads:
-        problems.append(f"{len(threads)} thread(s): " + ", ".join(repr(t.name) for t in threads))
-        _LEAKED.extend(threads)
-    # A descriptor is new if its number was free before, or is open on something
-    # else now (a number closed and reused during the test).
+    if not threads:
+        return ""
+    _LEAKED.extend(threads)
+    return f"{len(threads)} thread(s): " + ", ".join(repr(t.name) for t in threads)
+
+
+def _leaked_descriptors(before: dict[int, str]) -> str:
+    """The descriptors that are new: a number free before, or open on something else now."""
     fds = {
         fd: what
         for fd, what in sorted(_fd_table().items())
-        if fds_before.get(fd) != what and not _is_cache(what)
+        if before.get(fd) != what and not _is_cache(what)
     }
-    if fds:
-        problems.append(
-            f"{len(fds)} descriptor(s): " + ", ".join(f"{fd} ({what})" for fd, what in fds.items())
-        )
-    if problems:
-        pytest.fail("the test leaked " + "; ".join(problems), pytrace=False)
+    if not fds:
+        return ""
+    return f"{len(fds)} descriptor(s): " + ", ".join(f"{fd} ({what})" for fd, what in fds.items())
 
 
 # -- the end of the process, which a leaked thread must not hold up ----------------------------

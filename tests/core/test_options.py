@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import typing
+from pathlib import Path
 
+import msgspec
 import pytest
 
 import corral
+from corral import _checks
 from corral._core._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions
+from corral._launch import _link
+from corral._launch._link import AgentConfig
 from corral._launch._options import LaunchOptions, LaunchSpec
 
 
@@ -214,3 +220,96 @@ def test_an_unknown_runner_keyword_is_refused_before_anything_starts(
     with pytest.raises(TypeError) as caught:
         call()
     assert str(caught.value) == f"{what}() got an unexpected keyword argument 'grase'"
+
+
+# -- a launch's options: one record from the call to the agents ---------------------------------
+
+#: The fields of an agent's configuration that are its own, not options of the launch.
+AGENT_OWN = {"secret", "address", "port", "index", "host", "python", "watch_stdin", "usage"}
+
+
+def test_the_agent_s_configuration_takes_the_launch_s_options_by_their_names() -> None:
+    """A field of ``AgentConfig`` is the agent's own, or an option of the launch, same type."""
+    launch_hints = typing.get_type_hints(LaunchSpec)
+    agent_hints = typing.get_type_hints(AgentConfig)
+    options = set(agent_hints) - AGENT_OWN
+    assert options <= set(launch_hints), f"neither the agent's own nor options: {options}"
+    assert options, "the agent keeps some of the launch's options"
+    for name in options:
+        assert agent_hints[name] == launch_hints[name], name
+    # No default of its own: an option's default is said once, in LaunchSpec.
+    defaulted = {f.name for f in msgspec.structs.fields(AgentConfig) if f.required is False}
+    assert not defaulted & options, defaulted & options
+
+
+@pytest.mark.anyio
+async def test_each_host_s_job_and_agent_get_the_checked_options() -> None:
+    spec = LaunchSpec(
+        hosts=["a.invalid", "b.invalid"],
+        workers_per_host=[2, 3],
+        start_timeout=7,
+        link_timeout=3,
+        log_level=logging.INFO,
+        host_log_dir=Path("/tmp/agent-logs"),
+        master_port=29400,
+    )
+    plan = await spec.plan(default_grace=2.5)
+    assert (plan.hosts, plan.counts, plan.firsts, plan.world_size) == (
+        ["a.invalid", "b.invalid"],
+        [2, 3],
+        [0, 2],
+        5,
+    )
+    job = plan.job(1, b"", "a.invalid", 1234)
+    assert (job.first_rank, job.workers, job.groups, job.world_size) == (2, 3, 2, 5)
+    assert (job.grace, job.master_addr, job.master_port) == (2.5, "a.invalid", 29400)
+    config = _link.decode_config(plan.agent_config(secret="s", address="x", port=1))
+    assert (config.start_timeout, config.link_timeout) == (7.0, 3.0)
+    assert (config.log_level, config.host_log_dir) == (logging.INFO, "/tmp/agent-logs")
+
+
+def test_the_checked_options_are_in_their_checked_form() -> None:
+    checked = LaunchSpec(hosts=["a"], forward_env=["X*"], copy_env=["Y"]).checked(2.5)
+    assert checked.hosts == ("a",) and checked.forward_env == ("X*",)
+    assert checked.copy_env == ("Y",) and checked.grace == 2.5 and checked.ssh == corral.SSH()
+    assert checked.checked(1.0) == checked  # checking twice changes nothing
+    assert LaunchSpec(grace=0).checked(2.5).grace == 0.0
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "error", "said"),
+    [
+        (lambda v: _checks.check_seconds(v, "t"), "1", TypeError, "t must be a number of seconds"),
+        (lambda v: _checks.check_seconds(v, "t"), True, TypeError, "not bool"),
+        (lambda v: _checks.check_seconds(v, "t"), -1, ValueError, "t must be a finite"),
+        (lambda v: _checks.check_seconds(v, "t"), float("nan"), ValueError, "finite"),
+        (lambda v: _checks.check_seconds(v, "t", positive=True), 0, ValueError, "positive"),
+        (lambda v: _checks.check_seconds(v, "t", positive=True), float("inf"), ValueError, "t "),
+        (lambda v: _checks.check_host(v, "h"), "", ValueError, "h: '' is not a host name"),
+        (lambda v: _checks.check_host(v, "h"), "a\nb", ValueError, "printable UTF-8"),
+        (lambda v: _checks.check_host(v, "h"), "a\udcff", ValueError, "printable UTF-8"),
+        (lambda v: _checks.check_host(v, "h"), 1, ValueError, "h: 1 is not"),
+        (lambda v: _checks.check_port(v, "p"), 0, ValueError, "p must be a TCP port"),
+        (lambda v: _checks.check_port(v, "p"), 65536, ValueError, "1 to 65535"),
+        (lambda v: _checks.check_port(v, "p"), True, ValueError, "not True"),
+        (lambda v: _checks.check_globs(v, "g"), "X*", TypeError, "g must be a sequence of globs"),
+        (lambda v: _checks.check_globs(v, "g"), ["X", 3], TypeError, "g: 3 is not a glob"),
+        (lambda v: _checks.check_path(v, "d"), 3, TypeError, "d must be a path, not int"),
+        (lambda v: _checks.check_path(v, "d"), "a\0b", ValueError, "without NUL"),
+        (lambda v: _checks.check_path(v, "d"), "", ValueError, "d must be a path"),
+    ],
+)
+def test_each_check_names_what_it_checks(
+    check: typing.Callable[[object], object], value: object, error: type[Exception], said: str
+) -> None:
+    with pytest.raises(error) as caught:
+        check(value)
+    assert said in str(caught.value)
+
+
+def test_each_check_gives_the_value_in_its_checked_form() -> None:
+    assert _checks.check_seconds(2, "t") == 2.0 and isinstance(_checks.check_seconds(2, "t"), float)
+    assert _checks.check_host("node-1.example", "h") == "node-1.example"
+    assert _checks.check_port(29500, "p") == 29500
+    assert _checks.check_globs(["A*", "B"], "g") == ("A*", "B")
+    assert _checks.check_path(Path("/tmp/x"), "d") == "/tmp/x"

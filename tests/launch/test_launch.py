@@ -35,6 +35,7 @@ from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
 from corral import RemoteTraceback
+from corral._launch import _hosts as launch_hosts
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -324,7 +325,7 @@ async def test_local_extra_env_sets_and_removes(tag: str, monkeypatch: pytest.Mo
     env = results[0]["env"]
     assert env["CORRALTEST_KEEP"] == "kept"
     assert env["CORRALTEST_NEW"] == "new"
-    # BUG (src/corral/_launch.py, _plan): for hosts=None the None entries of
+    # BUG (src/corral/_launch/_options.py, the plan): for hosts=None the None entries of
     # extra_env are dropped instead of passed on, so the variable is inherited.
     assert env.get("CORRALTEST_DROP") is None
 
@@ -1443,9 +1444,49 @@ def _no_slurm_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("_no_slurm_env")
 async def test_slurm_outside_an_allocation_is_a_clear_error() -> None:
     async with corral.open_runner(name="ns", console=False) as r:
-        with pytest.raises(RuntimeError, match="needs a Slurm allocation"):
+        with pytest.raises(corral.LaunchError, match="needs a Slurm allocation"):
             await r.launch(whoami, hosts="slurm")
         assert r.processes == ()
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("_no_slurm_env")
+async def test_slurm_without_scontrol_is_a_launch_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol there
+    with pytest.raises(corral.LaunchError, match="cannot run scontrol show hostnames n"):
+        await launch_hosts.slurm_hosts()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+@pytest.mark.usefixtures("_no_slurm_env")
+async def test_scontrol_runs_off_the_loop_within_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A controller that does not answer: the loop runs on, and the wait has a deadline."""
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    # scontrol retries a configuration it cannot read for a minute.
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    monkeypatch.setattr(launch_hosts, "SCONTROL_TIMEOUT", 0.5)
+    ticks: list[float] = []
+
+    async def tick() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        await anyio.sleep(0)  # the ticker has started
+        started = len(ticks)
+        with pytest.raises(corral.LaunchError, match=r"did not answer within 0\.5 s"):
+            await launch_hosts.slurm_hosts()
+        during = len(ticks) - started
+        tg.cancel_scope.cancel()
+    assert during > 5, f"the loop ticked {during} times while scontrol ran"
 
 
 class _UnpicklesAsItsThread:

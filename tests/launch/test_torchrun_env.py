@@ -722,7 +722,7 @@ async def test_library_master_addr_and_port(tmp_path: Path, tag: str) -> None:
     async with corral.open_runner(console=False) as r:
         with pytest.raises(ValueError, match="master_port must be a TCP port, 1 to 65535, not 0"):
             await r.launch_command(["true"], master_port=0)
-        with pytest.raises(ValueError, match="master_addr must be a host name"):
+        with pytest.raises(ValueError, match=r"master_addr: .* is not a host name"):
             await r.launch_command(["true"], master_addr="")
         assert r.processes == ()
         await r.launch_command(

@@ -48,7 +48,7 @@ from websockets.http11 import Response
 from websockets.uri import parse_uri
 
 import corral
-from corral._monitor._clients import CLIENT_QUEUE
+from corral._monitor._clients import QUEUE_RECORDS
 from corral._monitor._server import parse_address, process_info
 
 pytestmark = pytest.mark.anyio
@@ -1208,7 +1208,10 @@ async def test_a_stuck_client_loses_its_oldest_records_and_is_told(tmp_path: Pat
     check_schema(stuck)
     assert len(numbers) + stuck.dropped() == count
     assert numbers == sorted(set(numbers))
-    assert numbers[-CLIENT_QUEUE:] == list(range(count - CLIENT_QUEUE, count))
+    # A client that follows at least half of all records can fall behind by half the
+    # shared queue and lose none of them: the newest half is there.
+    kept = QUEUE_RECORDS // 2
+    assert numbers[-kept:] == list(range(count - kept, count))
     # The other client lost nothing, and neither did the log files.
     assert healthy.dropped() == 0
     assert [int(row[5][:6]) for row in healthy.rows("demo.flood")] == list(range(count))

@@ -273,7 +273,9 @@ def test_the_child_side_imports_nothing_of_the_launcher() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     loaded = set(out.stdout.split())
-    assert loaded <= {"corral.child", "corral._sys", "corral._sys._childenv"}, loaded
+    assert loaded <= {"corral._facade", "corral.child", "corral._sys", "corral._sys._childenv"}, (
+        loaded
+    )
 
 
 def test_import_corral_is_lazy() -> None:

@@ -5,16 +5,25 @@
   says what the folder holds and, on its ``Public face:`` line, which of its modules the rest
   of the package may import.
 * Units form a DAG: a module imports its own unit, or a unit on a strictly lower layer.  Every
-  import counts: top-level, inside a function, under ``TYPE_CHECKING``, relative or absolute.
+  import counts: top-level, inside a function, under ``TYPE_CHECKING``, relative or absolute,
+  in a module's stub (``.pyi``), and through ``importlib.import_module`` or ``__import__``
+  (by any name they are bound to).  An import by a computed name cannot be checked: only the
+  modules of :data:`DYNAMIC_IMPORT_OK` may make one, each with its reason.
 * No import cycle among modules either, inside a folder included.
 * Another folder is entered through its public face only.
 * No module imports another module's underscored name, and none reaches into an underscored
-  member that its own module does not define (``x._name`` with ``x`` not ``self``/``cls``),
-  but for the few foreign privates of :data:`FOREIGN_PRIVATE_OK`, each with its reason.
+  member of anything but its own object: ``x._name`` (or ``getattr(x, "_name")``) with ``x``
+  not ``self``/``cls`` is allowed only inside a class that defines ``_name`` itself (another
+  instance of the same class), whatever else of the module is named so; the few exceptions are
+  :data:`FOREIGN_PRIVATE_OK` (other libraries' privates) and :data:`FRIEND_REACHES` (classes of
+  one module that share their state), each with its reason.
 * Every module has at most :data:`MAX_LINES` lines, every folder at most
   :data:`MAX_MODULES` modules.
 * ``import corral.child`` (in every child that reports its start or sends its records) and
   ``python -m corral._worker`` (every worker of a launch) load no event loop library.
+
+The checks are functions of a :class:`Package`, so that the tests at the end run each of them
+on small packages made for it, and see each fail on what it must catch.
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ import ast
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import cache
+import textwrap
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,11 +58,19 @@ LAYERS: dict[str, int] = {
     "corral._monitor": 5,  # the monitor, below the core: it sees processes as ProcessView
     "corral._core": 6,  # the runner and its processes
     "corral._sync": 7,  # the blocking facade, on the public names from their homes
-    "corral": 8,  # the facade: lazy, with TYPE_CHECKING imports of the homes only
+    "corral": 8,  # the facade: lazy, its names' homes listed once (the stub's imports)
     "corral._cli": 9,  # the corral command
     "corral.testing": 9,  # the pytest plugin (public), on the facade
     "corral._agent": 9,  # python -m corral._agent: a stable entry point
     "corral._worker": 9,  # python -m corral._worker: a stable entry point
+}
+
+#: Modules that may import by a computed name: module -> why (and what checks it instead).
+DYNAMIC_IMPORT_OK: dict[str, str] = {
+    "corral._facade": (
+        "it loads each public name from its home, as corral/__init__.py lists them; that list "
+        "is the stub's imports (corral/__init__.pyi, generated from it), checked here"
+    ),
 }
 
 #: Reaches into underscored members of other libraries, allowed: (module, name) -> why.
@@ -61,158 +80,284 @@ FOREIGN_PRIVATE_OK: dict[tuple[str, str], str] = {
         "tests/core/test_backend.py fails loudly if it stops working"
     ),
     ("corral._sys._backend", "_callbacks"): "the same: the task's done callbacks",
-    ("corral._cli._io", "_exit"): "os._exit is the documented way out of a forked child",
-    ("corral._core._lifeline", "_exit"): "os._exit is the documented way out of a forked child",
     ("corral.testing", "_exit"): (
         "the one way out of a process whose leaked non-daemon thread (reported already) "
         "would hold its end up for good"
     ),
 }
+
+#: Reaches into another class's underscored member, within one module: (module, name) -> why.
+FRIEND_REACHES: dict[tuple[str, str], str] = {
+    ("corral._core._signals", "_sweep"): (
+        "the dispatcher (the one signal handler) drives each runner's Subscription in two "
+        "steps, every sweep first, then every loop's wake-up: for the dispatcher alone"
+    ),
+    ("corral._core._signals", "_schedule"): "the same: the second step",
+    ("corral._logs._child_logging", "_after_fork_in_child"): (
+        "the module's fork hook (os.register_at_fork takes a function) resets each live handler"
+    ),
+    ("corral._logs._sources", "_forget"): (
+        "Backlogs, the byte budget every Source's backlog shares, drops a Source's oldest block"
+    ),
+    ("corral._logs._sources", "_holds"): "the same: whether a Source still holds a block",
+    ("corral._logs._sources", "_push"): "a Source feeds its LogTails (their buffer is theirs)",
+    ("corral._logs._sources", "_end"): "the same: a Source ends its LogTails",
+    ("corral._logs._sources", "_closed"): "the same: a Source forgets its closed LogTails",
+    ("corral._logs._sources", "_is_full"): "the same: a full LogTail holds its Source back",
+    ("corral._logs._sources", "_update_room"): "the same, from the LogTail's side",
+    ("corral.testing", "_unreported"): (
+        "the report hook (a module function, as pytest wants) takes what its own CorralLog "
+        "has not reported yet"
+    ),
+}
+
 #: Methods of named tuples: public API despite the underscore.
 NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 #: Bound to stdlib modules whose underscored names stand for public API.
 STDLIB_PRIVATE_OK = {("sys", "_getframe")}
+#: What a computed import is recorded as.
+DYNAMIC = "<computed name>"
 
 
 @dataclass(frozen=True)
 class Import:
     source: str  # the importing module
-    target: str  # the imported module
+    target: str  # the imported module (DYNAMIC: a name computed at run time)
     names: tuple[str, ...]  # names taken from it (``from X import a, b``); () for a module
     line: int
-    where: str  # "top", "function" or "TYPE_CHECKING"
+    where: str  # "top", "function", "TYPE_CHECKING" or "stub"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+@dataclass
+class Package:
+    """A package's source tree, and the rules it is held to."""
 
+    root: Path  # the package's folder
+    layers: Mapping[str, int]
+    dynamic_ok: Mapping[str, str] = field(default_factory=dict)
+    foreign_ok: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    friends: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    max_lines: int = MAX_LINES
+    max_modules: int = MAX_MODULES
 
-@cache
-def modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    @cached_property
+    def modules(self) -> dict[str, Path]:
+        return {self._module_name(p): p for p in sorted(self.root.rglob("*.py"))}
 
+    def _module_name(self, path: Path) -> str:
+        parts = list(path.relative_to(self.root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        return ".".join(parts)
 
-@cache
-def tree(module: str) -> ast.Module:
-    path = modules()[module]
-    return ast.parse(path.read_text(), str(path))
+    def tree(self, module: str) -> ast.Module:
+        return self._trees[module]
 
+    @cached_property
+    def _trees(self) -> dict[str, ast.Module]:
+        return {m: ast.parse(p.read_text(), str(p)) for m, p in self.modules.items()}
 
-def unit_of(module: str) -> str:
-    parts = module.split(".")
-    for n in range(len(parts), 0, -1):
-        if ".".join(parts[:n]) in LAYERS:
-            return ".".join(parts[:n])
-    raise AssertionError(f"{module} belongs to no unit of LAYERS")
+    def stub(self, module: str) -> ast.Module | None:
+        """The module's stub (``.pyi`` beside it), whose imports count as the module's."""
+        path = self.modules[module].with_suffix(".pyi")
+        return ast.parse(path.read_text(), str(path)) if path.exists() else None
 
+    def unit_of(self, module: str) -> str | None:
+        parts = module.split(".")
+        for n in range(len(parts), 0, -1):
+            if ".".join(parts[:n]) in self.layers:
+                return ".".join(parts[:n])
+        return None
 
-def _is_type_checking(node: ast.If) -> bool:
-    return "TYPE_CHECKING" in ast.unparse(node.test)
+    @cached_property
+    def folders(self) -> list[str]:
+        root = self.root.name
+        return [m for m, p in self.modules.items() if p.name == "__init__.py" and m != root]
 
+    @cached_property
+    def imports(self) -> tuple[Import, ...]:
+        return tuple(imp for module in self.modules for imp in imports_of(self, module))
 
-def imports_of(module: str) -> Iterator[Import]:
-    known = set(modules())
-    is_package = modules()[module].name == "__init__.py"
-
-    def walk(node: ast.AST, where: str) -> Iterator[Import]:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.body:
-                    yield from visit(sub, "TYPE_CHECKING")
-                for sub in child.orelse:
-                    yield from visit(sub, where)
-                continue
-            here = where
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-                here = "function" if where == "top" else where
-            yield from visit(child, here)
-
-    def visit(node: ast.AST, where: str) -> Iterator[Import]:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == "corral" or alias.name.startswith("corral."):
-                    yield Import(module, alias.name, (), node.lineno, where)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target == "corral" or target.startswith("corral."):
-                names = tuple(a.name for a in node.names)
-                submodules = tuple(n for n in names if f"{target}.{n}" in known)
-                for name in submodules:  # ``from . import _x``: the module _x
-                    yield Import(module, f"{target}.{name}", (), node.lineno, where)
-                rest = tuple(n for n in names if n not in submodules)
-                if rest:
-                    yield Import(module, target, rest, node.lineno, where)
-        elif (
-            isinstance(node, ast.Call)
-            and ast.unparse(node.func).endswith("import_module")
-            and module != "corral"
-        ):
-            yield Import(module, "<import_module>", (), node.lineno, where)
-        yield from walk(node, where)
-
-    yield from walk(tree(module), "top")
-
-
-@cache
-def all_imports() -> tuple[Import, ...]:
-    return tuple(imp for module in modules() for imp in imports_of(module))
-
-
-def _face_of(folder: str) -> set[str]:
-    doc = ast.get_docstring(tree(folder)) or ""
-    match = re.search(r"^Public face:(.*?)(?:\n\s*\n|\Z)", doc, re.MULTILINE | re.DOTALL)
-    assert match, f"{folder}/__init__.py: its docstring has no 'Public face:' line"
-    return {f"{folder}.{name}" for name in re.findall(r"_?\w+", match.group(1))}
-
-
-def _folders() -> list[str]:
-    return [m for m, p in modules().items() if p.name == "__init__.py" and m != "corral"]
+    def face_of(self, folder: str) -> set[str] | None:
+        doc = ast.get_docstring(self.tree(folder)) or ""
+        match = re.search(r"^Public face:(.*?)(?:\n\s*\n|\Z)", doc, re.MULTILINE | re.DOTALL)
+        if not match:
+            return None
+        return {f"{folder}.{name}" for name in re.findall(r"_?\w+", match.group(1))}
 
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-# -- units ------------------------------------------------------------------------------------
+# -- imports ----------------------------------------------------------------------------------
 
 
-def test_every_module_belongs_to_a_unit_and_folders_say_what_they_are() -> None:
-    for module in modules():
-        unit_of(module)
-    for folder in _folders():
-        body = tree(folder).body
-        assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{folder}: a docstring only"
-        assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
-        for module in _face_of(folder):
-            assert module in modules(), f"{folder}'s public face names {module}, which is none"
+def _is_type_checking(node: ast.If) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def test_units_form_a_dag() -> None:
+def _importers(module_tree: ast.Module) -> set[str]:
+    """The spellings of calls that import: ``importlib.import_module``, ``__import__``, aliases."""
+    names = {"__import__", "importlib.import_module", "importlib.__import__", "builtins.__import__"}
+    for node in ast.walk(module_tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in ("importlib", "builtins") and alias.asname:
+                    names |= {f"{alias.asname}.import_module", f"{alias.asname}.__import__"}
+        elif isinstance(node, ast.ImportFrom) and node.module in ("importlib", "builtins"):
+            for alias in node.names:
+                if alias.name in ("import_module", "__import__"):
+                    names.add(alias.asname or alias.name)
+    return names
+
+
+def _resolve(package: str, name: str) -> str:
+    """``name`` (``"._x"``, ``"..y"``, ``"corral.z"``) relative to ``package``."""
+    if not name.startswith("."):
+        return name
+    level = len(name) - len(name.lstrip("."))
+    base = package.split(".")
+    base = base[: len(base) - (level - 1)]
+    rest = name[level:]
+    return ".".join(base + ([rest] if rest else []))
+
+
+def imports_of(pkg: Package, module: str) -> Iterator[Import]:
+    finder = _ImportFinder(pkg, module)
+    yield from finder.walk(pkg.tree(module), "top")
+    stub = pkg.stub(module)
+    if stub is not None:
+        yield from finder.walk(stub, "stub")
+
+
+class _ImportFinder:
+    """The imports of one module of ``pkg``, statement by statement, call by call."""
+
+    def __init__(self, pkg: Package, module: str) -> None:
+        self.module = module
+        self.root = pkg.root.name
+        self.known = set(pkg.modules)
+        is_package = pkg.modules[module].name == "__init__.py"
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.importers = _importers(pkg.tree(module))
+
+    def ours(self, target: str) -> bool:
+        return target == self.root or target.startswith(self.root + ".")
+
+    def walk(self, node: ast.AST, where: str) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.body:
+                    yield from self.visit(sub, "TYPE_CHECKING")
+                for sub in child.orelse:
+                    yield from self.visit(sub, where)
+                continue
+            here = where
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                here = "function" if where == "top" else where
+            yield from self.visit(child, here)
+
+    def visit(self, node: ast.AST, where: str) -> Iterator[Import]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if self.ours(alias.name):
+                    yield Import(self.module, alias.name, (), node.lineno, where)
+        elif isinstance(node, ast.ImportFrom):
+            yield from self.import_from(node, where)
+        elif isinstance(node, ast.Call):
+            yield from self.call(node, where)
+        yield from self.walk(node, where)
+
+    def import_from(self, node: ast.ImportFrom, where: str) -> Iterator[Import]:
+        if node.level:
+            target = _resolve(self.package, "." * node.level + (node.module or ""))
+        else:
+            target = node.module or ""
+        if not self.ours(target):
+            return
+        names = tuple(a.name for a in node.names)
+        submodules = tuple(n for n in names if f"{target}.{n}" in self.known)
+        for name in submodules:  # ``from . import _x``: the module _x
+            yield Import(self.module, f"{target}.{name}", (), node.lineno, where)
+        rest = tuple(n for n in names if n not in submodules)
+        if rest:
+            yield Import(self.module, target, rest, node.lineno, where)
+
+    def call(self, node: ast.Call, where: str) -> Iterator[Import]:
+        """``import_module(name)``, ``__import__(name)``: the module, if ``name`` says which."""
+        if ast.unparse(node.func) not in self.importers or not node.args:
+            return
+        target = self.named(node)
+        if target is None:
+            yield Import(self.module, DYNAMIC, (), node.lineno, where)
+        elif self.ours(target):
+            yield Import(self.module, target, (), node.lineno, where)
+
+    def named(self, node: ast.Call) -> str | None:
+        """The module a call imports; ``None`` if its name is computed."""
+        first = node.args[0]
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            return None
+        if not first.value.startswith("."):
+            return first.value
+        # import_module("._x", __package__): relative to the package it names.
+        anchor = node.args[1] if len(node.args) > 1 else None
+        anchor = next((k.value for k in node.keywords if k.arg == "package"), anchor)
+        if isinstance(anchor, ast.Constant) and isinstance(anchor.value, str):
+            return _resolve(anchor.value, first.value)
+        if anchor is not None and ast.unparse(anchor) in ("__package__", "__spec__.parent"):
+            return _resolve(self.package, first.value)
+        return None
+
+
+# -- the checks: each returns what is wrong ---------------------------------------------------
+
+
+def check_units(pkg: Package) -> list[str]:
+    wrong = [f"{m} belongs to no unit of LAYERS" for m in pkg.modules if pkg.unit_of(m) is None]
+    for folder in pkg.folders:
+        body = pkg.tree(folder).body
+        docstring_only = (
+            len(body) == 1
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        )
+        if not docstring_only:
+            wrong.append(f"{folder}/__init__.py: a docstring only")
+        face = pkg.face_of(folder)
+        if face is None:
+            wrong.append(f"{folder}/__init__.py: its docstring has no 'Public face:' line")
+        wrong += [
+            f"{folder}'s public face names {m}, which is none"
+            for m in sorted(face or ())
+            if m not in pkg.modules
+        ]
+    return wrong
+
+
+def check_dag(pkg: Package) -> list[str]:
     wrong = []
-    for imp in all_imports():
-        if imp.target == "<import_module>":
-            wrong.append(f"{imp.source}:{imp.line}: importlib.import_module outside the facade")
+    for imp in pkg.imports:
+        if imp.target == DYNAMIC:
+            if imp.source not in pkg.dynamic_ok:
+                wrong.append(f"{imp.source}:{imp.line}: an import by a computed name")
             continue
-        a, b = unit_of(imp.source), unit_of(imp.target)
-        if a != b and LAYERS[b] >= LAYERS[a]:
+        a, b = pkg.unit_of(imp.source), pkg.unit_of(imp.target)
+        if a is None or b is None:
+            continue  # check_units says so
+        if a != b and pkg.layers[b] >= pkg.layers[a]:
             wrong.append(
                 f"{imp.source}:{imp.line} ({imp.where}) imports {imp.target}: {a} (layer "
-                f"{LAYERS[a]}) may not import {b} (layer {LAYERS[b]})"
+                f"{pkg.layers[a]}) may not import {b} (layer {pkg.layers[b]})"
             )
-    assert not wrong, "\n".join(wrong)
+    return wrong
 
 
-def test_no_import_cycle_among_modules() -> None:
-    graph: dict[str, set[str]] = {m: set() for m in modules()}
-    for imp in all_imports():
+def check_cycles(pkg: Package) -> list[str]:
+    graph: dict[str, set[str]] = {m: set() for m in pkg.modules}
+    for imp in pkg.imports:
         if imp.target in graph and imp.target != imp.source:
             graph[imp.source].add(imp.target)
     state: dict[str, int] = {}
@@ -233,126 +378,323 @@ def test_no_import_cycle_among_modules() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module)
-    assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+    return ["an import cycle: " + " -> ".join(cycle) for cycle in cycles]
 
 
-def test_other_folders_are_entered_through_their_public_face() -> None:
-    faces = {folder: _face_of(folder) for folder in _folders()}
+def check_faces(pkg: Package) -> list[str]:
+    faces = {folder: pkg.face_of(folder) or set() for folder in pkg.folders}
     wrong = []
-    for imp in all_imports():
-        if imp.target == "<import_module>":
-            continue
-        a, b = unit_of(imp.source), unit_of(imp.target)
+    for imp in pkg.imports:
+        a, b = pkg.unit_of(imp.source), pkg.unit_of(imp.target)
         if a != b and b in faces and imp.target not in faces[b]:
             wrong.append(f"{imp.source}:{imp.line} imports {imp.target}, not on {b}'s face")
-    assert not wrong, "\n".join(wrong)
+    return wrong
 
 
-# -- underscores ------------------------------------------------------------------------------
-
-
-def test_no_module_imports_another_modules_underscored_names() -> None:
-    wrong = [
+def check_private_imports(pkg: Package) -> list[str]:
+    return [
         f"{imp.source}:{imp.line} imports {name} from {imp.target}"
-        for imp in all_imports()
+        for imp in pkg.imports
         if imp.target != imp.source
         for name in imp.names
         if _private(name)
     ]
-    assert not wrong, "\n".join(wrong)
 
 
-def _defined_in(module: str) -> set[str]:
-    """The underscored names a module defines: functions, classes, attributes it sets."""
+def _members(node: ast.ClassDef) -> set[str]:
+    """The names a class defines: in its body, as ``self.x`` in its methods, in ``__slots__``."""
     names: set[str] = set()
-    for node in ast.walk(tree(module)):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, ast.alias):
-            names.add(node.asname or node.name.split(".")[0])
-        elif isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            for target in item.targets:
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                    if target.id == "__slots__":
+                        names |= {
+                            e.value
+                            for e in ast.walk(item.value)
+                            if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                        }
+    for sub in ast.walk(node):
+        if (
+            isinstance(sub, ast.Attribute)
+            and isinstance(sub.ctx, ast.Store)
+            and isinstance(sub.value, ast.Name)
+            and sub.value.id in ("self", "cls")
         ):
-            names.update(
-                e.value
-                for e in ast.walk(node.value)
-                if isinstance(e, ast.Constant) and isinstance(e.value, str)
-            )
-    return {name for name in names if _private(name)}
+            names.add(sub.attr)
+    return names
 
 
-def _foreign_modules(module: str) -> set[str]:
-    """The names bound to modules that are not corral's (``import os``, ``import trio``)."""
+def _class_members(tree: ast.Module) -> dict[ast.ClassDef, set[str]]:
+    """Each class's names, with those of its base classes defined in the same module."""
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    by_name = {c.name: c for c in classes}
+    own = {c: _members(c) for c in classes}
+
+    def members(cls: ast.ClassDef, seen: frozenset[str]) -> set[str]:
+        names = set(own[cls])
+        for base in cls.bases:
+            parent = by_name.get(ast.unparse(base))
+            if parent is not None and parent.name not in seen:
+                names |= members(parent, seen | {parent.name})
+        return names
+
+    return {c: members(c, frozenset({c.name})) for c in classes}
+
+
+def _foreign_modules(tree: ast.Module, root: str) -> set[str]:
+    """The names bound to modules that are not the package's (``import os``, ``import trio``)."""
     names = set()
-    for node in ast.walk(tree(module)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if not alias.name.startswith("corral"):
+                if alias.name.split(".")[0] != root:
                     names.add(alias.asname or alias.name.split(".")[0])
     return names
 
 
-def test_no_reach_into_another_modules_underscored_members() -> None:
-    wrong = []
-    for module in modules():
-        mine = _defined_in(module)
-        foreign = _foreign_modules(module)
-        for node in ast.walk(tree(module)):
-            name: str | None = None
-            base = ""
-            if isinstance(node, ast.Attribute) and _private(node.attr):
-                name, base = node.attr, ast.unparse(node.value)
-                if base in ("self", "cls") or base.startswith("super("):
-                    continue
+def _reaches(tree: ast.Module) -> Iterator[tuple[ast.AST, str, str, ast.ClassDef | None]]:
+    """Each ``x._name`` and ``getattr(x, "_name")``: (node, name, x, the class it is in)."""
+
+    def walk(node: ast.AST, cls: ast.ClassDef | None) -> Iterator[Any]:
+        for child in ast.iter_child_nodes(node):
+            inner = child if isinstance(child, ast.ClassDef) else cls
+            if isinstance(child, ast.Attribute) and _private(child.attr):
+                yield child, child.attr, ast.unparse(child.value), cls
             elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "setattr", "hasattr")
-                and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant)
-                and isinstance(node.args[1].value, str)
-                and _private(node.args[1].value)
+                isinstance(child, ast.Call)
+                and isinstance(child.func, ast.Name)
+                and child.func.id in ("getattr", "setattr", "hasattr", "delattr")
+                and len(child.args) >= 2
+                and isinstance(child.args[1], ast.Constant)
+                and isinstance(child.args[1].value, str)
+                and _private(child.args[1].value)
             ):
-                name, base = node.args[1].value, ast.unparse(node.args[0])
-            if name is None or name in NAMEDTUPLE_API:
+                yield child, child.args[1].value, ast.unparse(child.args[0]), cls
+            yield from walk(child, inner)
+
+    yield from walk(tree, None)
+
+
+def check_reaches(pkg: Package) -> list[str]:
+    wrong = []
+    for module in pkg.modules:
+        tree = pkg.tree(module)
+        foreign = _foreign_modules(tree, pkg.root.name)
+        members = _class_members(tree)
+        for node, name, base, cls in _reaches(tree):
+            if base in ("self", "cls") or base.startswith("super(") or name in NAMEDTUPLE_API:
                 continue
+            line = getattr(node, "lineno", 0)
             root = base.split(".")[0]
             if root in foreign:
-                if (module, name) not in FOREIGN_PRIVATE_OK and (root, name) not in (
-                    STDLIB_PRIVATE_OK
-                ):
-                    wrong.append(f"{module}:{node.lineno}: {base}.{name} (another library's)")
-            elif (module, name) in FOREIGN_PRIVATE_OK:
+                if (module, name) not in pkg.foreign_ok and (root, name) not in STDLIB_PRIVATE_OK:
+                    wrong.append(f"{module}:{line}: {base}.{name} (another library's)")
+            elif (module, name) in pkg.foreign_ok or (module, name) in pkg.friends:
                 continue
-            elif name not in mine:
-                wrong.append(f"{module}:{node.lineno}: {base}.{name}")
+            elif cls is None or name not in members[cls]:
+                where = f"in {cls.name}, which does not define it" if cls else "outside a class"
+                wrong.append(f"{module}:{line}: {base}.{name} ({where})")
+    return wrong
+
+
+def check_sizes(pkg: Package) -> list[str]:
+    wrong = []
+    for module, path in pkg.modules.items():
+        lines = len(path.read_text().splitlines())
+        if lines > pkg.max_lines:
+            wrong.append(f"{module} has {lines} lines (at most {pkg.max_lines})")
+    for folder in pkg.folders:
+        count = sum(1 for m in pkg.modules if m.startswith(folder + ".") and m != folder)
+        if count > pkg.max_modules:
+            wrong.append(f"{folder} has {count} modules (at most {pkg.max_modules})")
+    return wrong
+
+
+CHECKS = [
+    check_units,
+    check_dag,
+    check_cycles,
+    check_faces,
+    check_private_imports,
+    check_reaches,
+    check_sizes,
+]
+
+
+def problems(pkg: Package) -> list[str]:
+    return [problem for check in CHECKS for problem in check(pkg)]
+
+
+# -- corral itself ----------------------------------------------------------------------------
+
+CORRAL = Package(SRC, LAYERS, DYNAMIC_IMPORT_OK, FOREIGN_PRIVATE_OK, FRIEND_REACHES)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
+def test_corral_keeps_its_architecture(check: Any) -> None:
+    wrong = check(CORRAL)
     assert not wrong, "\n".join(wrong)
 
 
-# -- sizes ------------------------------------------------------------------------------------
+def test_the_facade_s_imports_are_seen() -> None:
+    """The homes of the public names count as imports of ``corral`` (its stub's)."""
+    targets = {imp.target for imp in CORRAL.imports if imp.source == "corral"}
+    assert {"corral._core._runner", "corral._errors", "corral._sync._runner"} <= targets
 
 
-@pytest.mark.parametrize("module", sorted(modules()))
-def test_module_size(module: str) -> None:
-    lines = len(modules()[module].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES})"
-
-
-def test_folder_size() -> None:
-    for folder in _folders():
-        count = sum(1 for m in modules() if m.startswith(folder + ".") and m != folder)
-        assert count <= MAX_MODULES, f"{folder} has {count} modules (at most {MAX_MODULES})"
+def test_every_exemption_is_still_needed() -> None:
+    bare = Package(SRC, LAYERS)
+    dag = "\n".join(check_dag(bare))
+    reaches = "\n".join(check_reaches(bare))
+    for module in DYNAMIC_IMPORT_OK:
+        assert f"{module}:" in dag, f"{module} makes no computed import any more"
+    for module, name in [*FOREIGN_PRIVATE_OK, *FRIEND_REACHES]:
+        assert re.search(rf"^{re.escape(module)}:\d+: .*\.{name} ", reaches, re.M), (
+            f"{module} no longer reaches {name}"
+        )
 
 
 def test_test_modules_have_unique_names() -> None:
     names = [p.name for p in TESTS.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+# -- the checks catch what they must: each on a small package made for it ----------------------
+
+#: A package that keeps every rule: ``pkg._low`` (layer 0) under the folder ``pkg._mid``
+#: (layer 1, face ``_face``) under ``pkg._high`` (layer 2), under the facade ``pkg``.
+GOOD: dict[str, str] = {
+    "__init__.py": '"""The facade."""\nfrom . import _high\n',
+    "_low.py": """
+        _secret = 1
+
+
+        class Box:
+            def __init__(self) -> None:
+                self._value = 1
+
+            def same(self, other: "Box") -> bool:
+                return self._value == other._value  # another instance of its own class
+        """,
+    "_mid/__init__.py": '"""A folder.\n\nPublic face: _face\n"""\n',
+    "_mid/_face.py": "from . import _inner\nfrom .. import _low\n",
+    "_mid/_inner.py": "import os\n\nos.getpid()\n",
+    "_high.py": """
+        import importlib
+        from typing import TYPE_CHECKING
+
+        from . import _low
+        from ._mid import _face
+
+        if TYPE_CHECKING:
+            from ._low import Box
+
+
+        def later() -> object:
+            return importlib.import_module("._low", __package__)
+        """,
+}
+GOOD_LAYERS = {"pkg": 3, "pkg._low": 0, "pkg._mid": 1, "pkg._high": 2}
+
+#: Each a change to GOOD (file -> text added) and what the checks must then say.
+BAD: dict[str, tuple[dict[str, str], str]] = {
+    "import-upwards": ({"_low.py": "from . import _high\n"}, "may not import pkg._high"),
+    "import-upwards-in-a-function": (
+        {"_low.py": "def f() -> None:\n    from ._mid import _face\n"},
+        "(function) imports pkg._mid._face",
+    ),
+    "import-upwards-for-type-checkers": (
+        {"_low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg._high\n"},
+        "(TYPE_CHECKING) imports pkg._high",
+    ),
+    "import-upwards-in-a-stub": ({"_low.pyi": "from . import _high\n"}, "(stub) imports pkg._high"),
+    "import-module-upwards": (
+        {"_low.py": "import importlib\nimportlib.import_module('pkg._high')\n"},
+        "may not import pkg._high",
+    ),
+    "import-module-relative-upwards": (
+        {"_mid/_inner.py": "import importlib\nimportlib.import_module('.._high', __package__)\n"},
+        "may not import pkg._high",
+    ),
+    "dunder-import-upwards": ({"_low.py": "__import__('pkg._mid._face')\n"}, "may not import"),
+    "import-module-by-another-name": (
+        {"_low.py": "from importlib import import_module as load\nload('pkg._high')\n"},
+        "may not import pkg._high",
+    ),
+    "import-by-a-computed-name": (
+        {"_high.py": "name = 'pkg._low'\nimportlib.import_module(name)\n"},
+        "an import by a computed name",
+    ),
+    "a-circle": ({"_mid/_inner.py": "from . import _face\n"}, "an import cycle: "),
+    "past-the-face": ({"_high.py": "from ._mid import _inner\n"}, "not on pkg._mid's face"),
+    "a-private-name": ({"_high.py": "from ._low import _secret\n"}, "imports _secret from"),
+    "a-module-s-private": ({"_high.py": "print(_low._secret)\n"}, "_low._secret (outside a class)"),
+    "another-class-s-private": (
+        {
+            "_low.py": """
+                class Peeker:
+                    def peek(self, box: Box) -> int:
+                        return box._value + getattr(box, "_value")
+                """,
+        },
+        "box._value (in Peeker, which does not define it)",
+    ),
+    "another-class-s-private-by-its-name": (
+        {
+            "_low.py": """
+                class Twin:
+                    def __init__(self) -> None:
+                        self._value = 2  # the same name as Box's field: no excuse
+
+
+                def peek(box: Box) -> int:
+                    return box._value
+                """,
+        },
+        "box._value (outside a class)",
+    ),
+    "another-library-s-private": ({"_mid/_inner.py": "os._exit(0)\n"}, "(another library's)"),
+    "a-big-module": ({"_high.py": "x = 1\n" * MAX_LINES}, f"(at most {MAX_LINES})"),
+    "a-big-folder": (
+        {f"_mid/_m{i}.py": "" for i in range(MAX_MODULES)},
+        f"pkg._mid has {MAX_MODULES + 2} modules",
+    ),
+    "code-in-a-folder-s-init": ({"_mid/__init__.py": "x = 1\n"}, "a docstring only"),
+    "a-face-that-names-nothing": (
+        {"_mid/__init__.py": '"""Public face: _face, _gone\n"""\n'},
+        "names pkg._mid._gone, which is none",
+    ),
+}
+
+
+def _make(tmp_path: Path, changes: Mapping[str, str]) -> Package:
+    root = tmp_path / "pkg"
+    for name in {*GOOD, *changes}:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = textwrap.dedent(GOOD.get(name, "")).lstrip()
+        if name in changes:
+            replaces = name.endswith("__init__.py")  # a folder's docstring, replaced
+            added = textwrap.dedent(changes[name]).lstrip()
+            text = added if replaces else text + "\n" + added
+        path.write_text(text)
+    return Package(root, GOOD_LAYERS)
+
+
+def test_the_checks_pass_a_package_that_keeps_every_rule(tmp_path: Path) -> None:
+    assert problems(_make(tmp_path, {})) == []
+
+
+@pytest.mark.parametrize(("changes", "said"), BAD.values(), ids=BAD.keys())
+def test_the_checks_catch(tmp_path: Path, changes: dict[str, str], said: str) -> None:
+    found = problems(_make(tmp_path, changes))
+    assert any(said in problem for problem in found), found
 
 
 # -- what children load -----------------------------------------------------------------------
@@ -375,7 +717,13 @@ def _loaded_after(code: str, env: dict[str, str] | None = None) -> set[str]:
 
 def test_import_corral_child_loads_no_event_loop() -> None:
     loaded = _loaded_after("import corral.child")
-    assert loaded <= {"corral", "corral.child", "corral._sys", "corral._sys._childenv"}, loaded
+    assert loaded <= {
+        "corral",
+        "corral._facade",
+        "corral.child",
+        "corral._sys",
+        "corral._sys._childenv",
+    }, loaded
 
 
 def test_corral_child_connect_loads_no_event_loop(tmp_path: Path) -> None:
@@ -392,6 +740,7 @@ def test_corral_child_connect_loads_no_event_loop(tmp_path: Path) -> None:
     assert "corral._logs._child_logging" in corral_modules, corral_modules
     assert corral_modules <= {
         "corral",
+        "corral._facade",
         "corral.child",
         "corral._sys",
         "corral._sys._childenv",

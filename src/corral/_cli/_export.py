@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import click
 
-from ._group import CONTEXT, is_text, text_option
+from .._checks import is_text
+from ._group import CONTEXT, text_option
 from ._io import shorten
 from ._procfile import Plan, plan_options
 

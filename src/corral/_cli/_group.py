@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import socket
@@ -12,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from .._checks import check_seconds, is_text
 from .._launch._hosts import MAX_WORKERS_PER_HOST
 from ._io import shorten
 
@@ -22,9 +22,9 @@ __all__ = [
     "MAX_COPIES",
     "Output",
     "RAW_OPTION",
-    "is_text",
     "name_option",
     "output_options",
+    "seconds",
     "text_option",
 ]
 
@@ -43,27 +43,17 @@ _BAD_NAME = re.compile(r"[\s/\\.\0]")
 MAX_COPIES = MAX_WORKERS_PER_HOST
 
 
-def _grace(value: float) -> float:
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds", param_hint="--grace")
-    return value
+def seconds(option: str, *, positive: bool = False) -> Callable[..., float]:
+    """A click callback: ``option``'s value must be a number of seconds (``check_seconds``),
+    finite, and positive (a deadline) or not negative."""
 
+    def callback(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+        try:
+            return check_seconds(value, option.lstrip("-"), positive=positive)
+        except (TypeError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint=option) from None
 
-def check_link_timeout(value: float) -> float:
-    if not (math.isfinite(value) and value > 0):
-        raise click.BadParameter(
-            f"{value} is not a positive number of seconds", param_hint="--link-timeout"
-        )
-    return value
-
-
-def is_text(value: str) -> bool:
-    """Whether ``value`` is printable UTF-8 text (an argument of bytes that are not is not)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return value.isprintable()
+    return callback
 
 
 def text_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -221,7 +211,7 @@ def output_options(func: Any) -> Any:
                 "--grace",
                 type=click.FloatRange(min=0),
                 default=5.0,
-                callback=lambda _ctx, _param, value: _grace(value),
+                callback=seconds("--grace"),
                 show_default=True,
                 help="Seconds between the stop signal and SIGKILL.",
             ),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import click
 
+from .._checks import is_text
 from .._launch._hosts import MAX_WORKERS, workers_here
 from .._launch._options import DEFAULT_LINK_TIMEOUT
 from ._console import rank_label
@@ -20,10 +21,9 @@ from ._group import (
     CONTEXT,
     MAX_COPIES,
     Output,
-    check_link_timeout,
-    is_text,
     name_option,
     output_options,
+    seconds,
     text_option,
 )
 from ._io import exit_code, say, shorten
@@ -145,7 +145,7 @@ class _Nproc(click.ParamType[int]):
     metavar="SECONDS",
     type=float,
     default=DEFAULT_LINK_TIMEOUT,
-    callback=lambda _ctx, _param, value: check_link_timeout(value),
+    callback=seconds("--link-timeout", positive=True),
     show_default=True,
     help="With --hosts: a host whose link stays silent this long counts as lost "
     "(its workers are stopped, the run fails).",
@@ -306,58 +306,15 @@ def plan_run(
     line); ``run`` then runs it.
     """
     del standalone, rdzv_backend  # one corral run starts every worker: no rendezvous to pick
-    if restart == "never" and max_restarts is not None:
-        raise click.UsageError(
-            "--max-restarts restarts on failure: it cannot go with --restart never"
-        )
-    if max_restarts is not None:
-        restart = "on-failure"
-    elif restart == "on-failure":
-        max_restarts = 3
+    restart, max_restarts = _restart_policy(restart, max_restarts)
     extra_env = _extra_env(env_files, env_vars)
-    host_list: list[str] | str | None = None
-    if hosts is not None:
-        host_list = "slurm" if hosts == "slurm" else [h for h in hosts.split(",") if h]
-        if host_list != "slurm" and len(set(host_list)) < len(host_list):
-            twice = sorted({h for h in host_list if host_list.count(h) > 1})
-            raise click.BadParameter(
-                f"{shorten(','.join(twice))} is listed twice; use -n for more workers on a host",
-                param_hint="--hosts",
-            )
-        if not host_list:
-            raise click.BadParameter("give at least one host", param_hint="--hosts")
-        if host_list != "slurm" and (nproc or 1) * len(host_list) > MAX_WORKERS:
-            raise click.BadParameter(
-                f"at most {MAX_WORKERS} copies in all, not {(nproc or 1) * len(host_list)}",
-                param_hint="--hosts",
-            )
-    from .._launch._hosts import SSH, slurm_hosts
-
-    ssh = SSH(user=ssh_user, identity_file=ssh_identity, options=tuple(ssh_option))
-    if host_list is not None and host_list != "slurm":
-        try:
-            ssh.check()
-        except (OSError, ValueError, TypeError) as exc:
-            hint = "--ssh-identity" if ssh_identity and str(ssh_identity) in str(exc) else None
-            raise click.BadParameter(str(exc), param_hint=hint) from None
-    if host_list == "slurm":
-        try:
-            slurm_hosts()
-        except (RuntimeError, OSError) as exc:
-            raise click.BadParameter(str(exc), param_hint="--hosts") from None
+    host_list = _host_list(hosts, nproc)
+    ssh = _ssh(host_list, ssh_user, ssh_identity, ssh_option)
     check_nodes(nnodes, node_rank, host_list)
     if rdzv_endpoint is not None:  # torchrun's rule: the endpoint, else the master's address
         master_addr, master_port = rdzv_endpoint[0], rdzv_endpoint[1] or master_port
-    if (tee or redirects) and log_dir is None:
-        import tempfile  # as torchrun does: the files go to a folder of their own
-
-        log_dir = tempfile.mkdtemp(prefix="corral-logs-")
-        say(
-            f"corral: {'--tee' if tee else '--redirects'}: every line also goes to files under "
-            f"{log_dir} (--log-dir DIR chooses the folder)"
-        )
     output = Output.of(
-        log_dir,
+        _files_for(tee, redirects, log_dir),
         no_prefix,
         no_color,
         no_status,
@@ -371,23 +328,14 @@ def plan_run(
         from ._console import redirected
 
         output.quiet = redirected(redirects)
-    if (nproc or 1) > 1 and "OMP_NUM_THREADS" not in os.environ | extra_env:
-        # As torchrun does, and says: once, before anything starts.
-        from .._launch._torchenv import OMP_NOTICE
-
-        say(f"corral: {OMP_NOTICE}")
-        extra_env["OMP_NUM_THREADS"] = "1"
-    argv = list(command)
-    if argv[0].endswith(".py"):
-        # torchrun's TRAINING_SCRIPT: a Python script, run with this Python.
-        argv.insert(0, sys.executable)
+    _default_omp_threads(nproc, extra_env)
     job = _RunJob(
-        argv,
+        _script(command),
         nproc,
         host_list,
         ssh,
-        restart or "never",
-        max_restarts or 0,
+        restart,
+        max_restarts,
         grace,
         link_timeout,
         extra_env,
@@ -397,6 +345,104 @@ def plan_run(
         job.run_id = rdzv_id  # torchrun's TORCHELASTIC_RUN_ID is its --rdzv-id
     job.label = rank_label(_per_host(nproc, host_list), ranks, local_ranks)
     return name, output, job
+
+
+def _restart_policy(restart: str | None, max_restarts: int | None) -> tuple[str, int]:
+    """``--restart`` and ``--max-restarts``, as torchrun means them: (the policy, the most)."""
+    if restart == "never" and max_restarts is not None:
+        raise click.UsageError(
+            "--max-restarts restarts on failure: it cannot go with --restart never"
+        )
+    if max_restarts is not None:
+        return "on-failure", max_restarts
+    if restart == "on-failure":
+        return restart, 3
+    return "never", 0
+
+
+def _host_list(hosts: str | None, nproc: int | None) -> list[str] | str | None:
+    """``--hosts``: ``None`` (this machine), ``"slurm"``, or the hosts, each once."""
+    if hosts is None:
+        return None
+    if hosts == "slurm":
+        return "slurm"
+    host_list = [h for h in hosts.split(",") if h]
+    if len(set(host_list)) < len(host_list):
+        twice = sorted({h for h in host_list if host_list.count(h) > 1})
+        raise click.BadParameter(
+            f"{shorten(','.join(twice))} is listed twice; use -n for more workers on a host",
+            param_hint="--hosts",
+        )
+    if not host_list:
+        raise click.BadParameter("give at least one host", param_hint="--hosts")
+    if (nproc or 1) * len(host_list) > MAX_WORKERS:
+        raise click.BadParameter(
+            f"at most {MAX_WORKERS} copies in all, not {(nproc or 1) * len(host_list)}",
+            param_hint="--hosts",
+        )
+    return host_list
+
+
+def _ssh(
+    host_list: list[str] | str | None,
+    user: str | None,
+    identity: str | None,
+    options: tuple[str, ...],
+) -> SSH:
+    """How to reach the hosts, checked now; for ``--hosts slurm``, the allocation's nodes."""
+    from .._launch._hosts import SSH, slurm_hosts
+
+    ssh = SSH(user=user, identity_file=identity, options=tuple(options))
+    if isinstance(host_list, list):
+        try:
+            ssh.check()
+        except (OSError, ValueError, TypeError) as exc:
+            hint = "--ssh-identity" if identity and str(identity) in str(exc) else None
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+    elif host_list == "slurm":
+        import corral
+
+        try:
+            anyio.run(slurm_hosts)
+        except corral.LaunchError as exc:
+            raise click.BadParameter(str(exc), param_hint="--hosts") from None
+    return ssh
+
+
+def _files_for(
+    tee: dict[int | None, frozenset[str]] | None,
+    redirects: dict[int | None, frozenset[str]] | None,
+    log_dir: str | None,
+) -> str | None:
+    """``--log-dir``; with ``--tee`` or ``--redirects`` alone, a new folder, as torchrun makes."""
+    if not (tee or redirects) or log_dir is not None:
+        return log_dir
+    import tempfile
+
+    log_dir = tempfile.mkdtemp(prefix="corral-logs-")
+    say(
+        f"corral: {'--tee' if tee else '--redirects'}: every line also goes to files under "
+        f"{log_dir} (--log-dir DIR chooses the folder)"
+    )
+    return log_dir
+
+
+def _default_omp_threads(nproc: int | None, extra_env: dict[str, str]) -> None:
+    """``OMP_NUM_THREADS=1`` for several copies, unless it is set: as torchrun does, and says."""
+    if (nproc or 1) > 1 and "OMP_NUM_THREADS" not in os.environ | extra_env:
+        # Once, before anything starts.
+        from .._launch._torchenv import OMP_NOTICE
+
+        say(f"corral: {OMP_NOTICE}")
+        extra_env["OMP_NUM_THREADS"] = "1"
+
+
+def _script(command: tuple[str, ...]) -> list[str]:
+    """The command; torchrun's TRAINING_SCRIPT (a ``.py`` file first) runs with this Python."""
+    argv = list(command)
+    if argv[0].endswith(".py"):
+        argv.insert(0, sys.executable)
+    return argv
 
 
 def _extra_env(env_files: tuple[str, ...], env_vars: tuple[str, ...]) -> dict[str, str]:

@@ -115,40 +115,9 @@ def table(hello: dict[str, Any], *, colour: bool | None = None, width: int = 200
     for sample in samples[-SPARK_SAMPLES:]:
         for name, figures in sample["processes"].items():
             history.setdefault(name, []).append(float(figures["cpu"]))
-    rows: list[tuple[str, ...]] = []
-    names = set()
-    now = time.time()
-    for info in hello.get("processes", []):
-        name = str(info["name"])
-        names.add(name)
-        running = info["state"] == "running"
-        figures = latest.get(name) if running else None
-        code = info.get("returncode")
-        rows.append(
-            (
-                name,
-                str(info["state"]),
-                str(info["pid"]),
-                *_cells(figures, history.get(name, []) if running else []),
-                _duration(now - info["started"]) if running and info.get("started") else "-",
-                str(info.get("restarts", 0)),
-                "-" if code is None else str(code),
-            )
-        )
-    for name, figures in latest.items():
-        if name not in names:  # a worker on another host: known by its figures
-            where = f" on {figures['host']}" if figures.get("host") else ""
-            rows.append(
-                (
-                    name + where,
-                    "running",
-                    str(figures["pid"]),
-                    *_cells(figures, history.get(name, [])),
-                    "-",
-                    "-",
-                    "-",
-                )
-            )
+    processes = hello.get("processes", [])
+    rows = _process_rows(processes, latest, history)
+    rows += _remote_rows({str(p["name"]) for p in processes}, latest, history)
     columns = ["name", "state", "pid", "cpu", "mem", "gpu", "cpu, last minute"]
     columns += ["uptime", "restarts", "exit code"]
     if all(row[5] == "-" for row in rows):
@@ -171,6 +140,44 @@ def table(hello: dict[str, Any], *, colour: bool | None = None, width: int = 200
         return [f"{hello.get('runner', 'corral')}: no processes"]
     console.print(grid)
     return [line.rstrip() for line in buffer.getvalue().rstrip("\n").split("\n")]
+
+
+def _remote_rows(
+    known: set[str], latest: dict[str, Any], history: dict[str, list[float]]
+) -> list[tuple[str, ...]]:
+    """A row for each worker on another host: known by its figures alone."""
+    rows: list[tuple[str, ...]] = []
+    for name, figures in latest.items():
+        if name not in known:
+            where = f" on {figures['host']}" if figures.get("host") else ""
+            cells = _cells(figures, history.get(name, []))
+            rows.append((name + where, "running", str(figures["pid"]), *cells, "-", "-", "-"))
+    return rows
+
+
+def _process_rows(
+    processes: list[dict[str, Any]], latest: dict[str, Any], history: dict[str, list[float]]
+) -> list[tuple[str, ...]]:
+    """A row for each of the runner's own processes (its figures only while it runs)."""
+    rows: list[tuple[str, ...]] = []
+    now = time.time()
+    for info in processes:
+        name = str(info["name"])
+        running = info["state"] == "running"
+        figures = latest.get(name) if running else None
+        code = info.get("returncode")
+        rows.append(
+            (
+                name,
+                str(info["state"]),
+                str(info["pid"]),
+                *_cells(figures, history.get(name, []) if running else []),
+                _duration(now - info["started"]) if running and info.get("started") else "-",
+                str(info.get("restarts", 0)),
+                "-" if code is None else str(code),
+            )
+        )
+    return rows
 
 
 def _cells(figures: dict[str, Any] | None, cpu: list[float]) -> tuple[str, str, str, str]:

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import AsyncIterable
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import anyio
@@ -141,13 +142,10 @@ MAX_TAIL_MESSAGE = 4 * 1024 * 1024
 async def _follow(
     url: str, level: int, stdout: Stdout, prefix: bool, colour: bool | None, raw: bool
 ) -> int:
-    import msgspec
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
 
     import corral
-
-    from .._logs._records import make_record
 
     console = corral.ConsoleHandler(
         cast(TextIO, stdout),
@@ -155,13 +153,11 @@ async def _follow(
         prefix="relative" if prefix else "none",
         raw=raw,
     )
+    follower = _Follower(console, level)
     give_up_after = 30.0
     failing_since: float | None = None
     connected = False  # once: from then on, a refusal is a runner restarting its monitor
     delay = 0.2
-    # The last row printed: after a reconnection the server sends its recent
-    # rows again, and those up to this one were printed already.
-    last: list[Any] | None = None
     try:
         while True:
             try:
@@ -169,49 +165,15 @@ async def _follow(
                     failing_since = None
                     connected = True
                     delay = 0.2
-                    backlog = True
-                    async for text in ws:
-                        message = msgspec.json.decode(text)
-                        kind = message.get("type")
-                        if kind == "logs":
-                            rows = message["records"]
-                            if backlog and last is not None:
-                                for index in range(len(rows) - 1, -1, -1):
-                                    if rows[index] == last:
-                                        rows = rows[index + 1 :]
-                                        break
-                            backlog = False
-                            if not rows:
-                                continue
-                            last = rows[-1]
-                            records = [
-                                make_record(src, lvl, line, created=created)
-                                for src, _stream, lvl, created, _name, line in rows
-                                if lvl >= level
-                            ]
-                            await anyio.to_thread.run_sync(_print_all, console, records)
-                        elif kind == "dropped":
-                            say(
-                                f"corral tail: {message['count']} records dropped "
-                                "(this terminal fell behind)"
-                            )
-                        elif kind == "end":
-                            return _ended(message)
+                    code = await follower.follow(ws)
+                    if code is not None:
+                        return code
             except InvalidStatus as exc:
                 code = exc.response.status_code
                 say(f"corral tail: the monitor refused the connection ({code}): wrong token?")
                 return 1
             except (OSError, ConnectionClosed, TimeoutError) as exc:
-                if isinstance(exc, ConnectionClosed) and exc.sent and exc.sent.code == 1009:
-                    say(
-                        "corral tail: the monitor sent a message larger than "
-                        f"{MAX_TAIL_MESSAGE // 2**20} MiB: not a corral monitor?"
-                    )
-                    return 1
-                if not connected and isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
-                    # Refused (a run that is over), a name that does not resolve: never
-                    # reached, which waiting will not change.
-                    say(f"corral tail: cannot reach the monitor at {_where(url)}: {_reason(exc)}")
+                if _hopeless(exc, connected, url):
                     return 1
                 now = time.monotonic()
                 failing_since = failing_since or now
@@ -222,6 +184,70 @@ async def _follow(
                 delay = min(delay * 2, 2.0)
     finally:
         console.close()
+
+
+class _Follower:
+    """What ``corral tail`` prints of a monitor's messages, over one connection and the next."""
+
+    def __init__(self, console: ConsoleHandler, level: int) -> None:
+        self.console = console
+        self.level = level
+        # The last row printed: after a reconnection the server sends its recent
+        # rows again, and those up to this one were printed already.
+        self.last: list[Any] | None = None
+
+    async def follow(self, ws: AsyncIterable[str | bytes]) -> int | None:
+        """Print what ``ws`` sends until it closes; the run's exit code if its end came."""
+        import msgspec
+
+        backlog = True
+        async for text in ws:
+            message = msgspec.json.decode(text)
+            kind = message.get("type")
+            if kind == "logs":
+                await self._print(message["records"], backlog)
+                backlog = False
+            elif kind == "dropped":
+                say(f"corral tail: {message['count']} records dropped (this terminal fell behind)")
+            elif kind == "end":
+                return _ended(message)
+        return None
+
+    async def _print(self, rows: list[list[Any]], backlog: bool) -> None:
+        from .._logs._records import make_record
+
+        if backlog and self.last is not None:
+            for index in range(len(rows) - 1, -1, -1):
+                if rows[index] == self.last:
+                    rows = rows[index + 1 :]
+                    break
+        if not rows:
+            return
+        self.last = rows[-1]
+        records = [
+            make_record(src, lvl, line, created=created)
+            for src, _stream, lvl, created, _name, line in rows
+            if lvl >= self.level
+        ]
+        await anyio.to_thread.run_sync(_print_all, self.console, records)
+
+
+def _hopeless(exc: Exception, connected: bool, url: str) -> bool:
+    """Whether a connection's error ends ``corral tail`` (it says why) rather than a retry."""
+    from websockets.exceptions import ConnectionClosed
+
+    if isinstance(exc, ConnectionClosed) and exc.sent and exc.sent.code == 1009:
+        say(
+            "corral tail: the monitor sent a message larger than "
+            f"{MAX_TAIL_MESSAGE // 2**20} MiB: not a corral monitor?"
+        )
+        return True
+    if not connected and isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+        # Refused (a run that is over), a name that does not resolve: never
+        # reached, which waiting will not change.
+        say(f"corral tail: cannot reach the monitor at {_where(url)}: {_reason(exc)}")
+        return True
+    return False
 
 
 def _where(url: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from ._group import is_text
+from .._checks import is_text
 from ._io import shorten
 
 __all__ = [

@@ -275,10 +275,6 @@ class _Dispatcher:
         # is still due once the last holder has left.
         self._due: set[int] = set()
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._previous)
-
     def signals_for(self, mode: bool | None) -> frozenset[int]:
         """The signals a runner entered now with ``handle_signals=mode`` takes."""
         taken = set()

@@ -1,8 +1,9 @@
 """Scale-out: a function or a command on N workers, on this machine or across hosts.
 
-``_options`` (a launch's options), ``_context`` (what a launch needs of its
-runner: a way to start children, its log service), ``_plan`` (hosts, workers, environment,
-the job), ``_source`` (the job pickled, with the source lines of the code
+``_options`` (a launch's options, one record from the call to the agents, and
+the plan it makes: hosts, workers, environment, each host's job), ``_context``
+(what a launch needs of its runner: a way to start children, its log service),
+``_source`` (the job pickled, with the source lines of the code
 it sends by value, for the workers' tracebacks), ``_coordinator`` (every
 worker's outcome; when the launch is over),
 ``_launcher`` (:func:`launch` itself, and a launch on this machine),

@@ -195,7 +195,7 @@ async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
             name=name,
             console=False,
             handlers=routes,
-            log_dir=config.log_dir,
+            log_dir=config.host_log_dir,
             handle_signals=True,
             # The agent owns its process: what its workers orphan is its own.
             subreaper=True,

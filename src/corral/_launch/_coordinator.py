@@ -12,7 +12,7 @@ import anyio.to_thread
 from .._errors import LaunchError, RemoteTraceback, WorkerFailed, signal_name
 from .._results import CompletedProcess, LaunchResult
 from . import _link
-from ._plan import Plan
+from ._options import Plan
 
 __all__ = ["Coordinator", "Failure"]
 

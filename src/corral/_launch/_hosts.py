@@ -36,13 +36,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from .._errors import LaunchError
+
 __all__ = [
     "DEFAULT_ENV_PATTERNS",
     "HOST_ENV_NAMES",
     "MAX_WORKERS",
     "MAX_WORKERS_PER_HOST",
     "SSH",
-    "check_forward_env",
     "cpus_available",
     "dial_back_addresses",
     "environment_for_hosts",
@@ -208,19 +209,6 @@ def forwarded(name: str, forward_env: str | Sequence[str]) -> bool:
     return _matches(name, forward_env)
 
 
-def check_forward_env(forward_env: object) -> str | tuple[str, ...]:
-    """``forward_env`` if it is ``"all"`` or a sequence of globs (a tuple then); else an error."""
-    if forward_env == "all":
-        return "all"
-    if isinstance(forward_env, str) or not isinstance(forward_env, Sequence):
-        raise TypeError(f'forward_env must be "all" or a sequence of globs, not {forward_env!r}')
-    globs = tuple(forward_env)
-    for glob in globs:
-        if not isinstance(glob, str):
-            raise TypeError(f"forward_env: {glob!r} is not a glob (a string)")
-    return globs
-
-
 def _matches(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
@@ -315,25 +303,41 @@ async def _ssh_hostname(host: str, ssh: SSH) -> str | None:
     return None
 
 
-def slurm_hosts() -> list[str]:
-    """The nodes of the current Slurm allocation, in order."""
+#: Seconds ``scontrol show hostnames`` (which asks the Slurm controller) may take.
+SCONTROL_TIMEOUT: Final = 30.0
+
+
+async def slurm_hosts() -> list[str]:
+    """The nodes of the current Slurm allocation, in order: ``scontrol show hostnames``.
+
+    ``scontrol`` runs as a child process, awaited (cancellable, at most
+    :data:`SCONTROL_TIMEOUT` seconds); :class:`~corral.LaunchError` if there is
+    no allocation, or ``scontrol`` cannot say.
+    """
+    import anyio
+
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if not nodelist:
-        raise RuntimeError(
+        raise LaunchError(
             'hosts="slurm" needs a Slurm allocation (SLURM_JOB_NODELIST is not set): '
             "run the launcher under salloc or sbatch"
         )
-    out = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    command = ["scontrol", "show", "hostnames", nodelist]
+    try:
+        with anyio.fail_after(SCONTROL_TIMEOUT):
+            out = await anyio.run_process(command, check=False, stdin=subprocess.DEVNULL)
+    except TimeoutError:  # an OSError too
+        raise LaunchError(
+            f"scontrol show hostnames {nodelist} did not answer within {SCONTROL_TIMEOUT:g} s"
+        ) from None
+    except OSError as exc:
+        raise LaunchError(f"cannot run scontrol show hostnames {nodelist}: {exc}") from None
     if out.returncode != 0:
-        raise RuntimeError(f"scontrol show hostnames {nodelist} failed: {out.stderr.strip()}")
-    hosts = out.stdout.split()
+        error = out.stderr.decode(errors="replace").strip()
+        raise LaunchError(f"scontrol show hostnames {nodelist} failed: {error}")
+    hosts = out.stdout.decode(errors="replace").split()
     if not hosts:
-        raise RuntimeError(f"the Slurm allocation {nodelist!r} has no hosts")
+        raise LaunchError(f"the Slurm allocation {nodelist!r} has no hosts")
     return hosts
 
 

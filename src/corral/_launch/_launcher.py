@@ -57,14 +57,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import anyio
 import anyio.to_thread
 
-from .._checks import check_argv
 from .._errors import LaunchError
 from .._results import LaunchResult
 from ._coordinator import Coordinator
 from ._hosts import free_port
-from ._options import LaunchSpec
-from ._plan import Plan, job_for, make_plan, pickle_job
+from ._options import LaunchSpec, Plan
 from ._remote import launch_remote
+from ._source import pickle_job
 from ._workers import HostWorkers
 
 if TYPE_CHECKING:
@@ -84,7 +83,6 @@ _LOOP_MODULES = (
     "_launcher",
     "_link",
     "_options",
-    "_plan",
     "_remote",
     "_source",
     "_torchenv",
@@ -111,17 +109,10 @@ async def launch(
     argv: Sequence[str] | None = None,
 ) -> LaunchResult[T]:
     """Run ``func(*args)``, or the command ``argv``, on the workers of ``spec``, in ``ctx``."""
-    plan = make_plan(ctx.grace, spec)
+    plan = await spec.plan(ctx.grace, argv)
     for notice in plan.notices:
         ctx.logs.warn(notice)
     if argv is not None:
-        if plan.backend is not None:
-            raise ValueError(
-                f"backend={plan.backend!r} initialises a process group for a function; a "
-                "command initialises its own (torch.distributed.init_process_group), as under "
-                "torchrun"
-            )
-        plan.argv = check_argv(argv)
         payload = b""
     else:
         assert func is not None
@@ -130,7 +121,7 @@ async def launch(
     coordinator = Coordinator(plan)
     if plan.remote:
         try:
-            await launch_remote(ctx, plan, payload, coordinator, spec.launcher_address)
+            await launch_remote(ctx, plan, payload, coordinator)
         except BaseExceptionGroup as group:
             # An agent that could not start is one error, however many task
             # groups it crossed (and however many agents failed alike).
@@ -155,7 +146,7 @@ async def _launch_here(
     workers = HostWorkers(
         ctx.start, host=0, prefix="agent-0.", python=sys.executable, scratch=ctx.scratch
     )
-    job = job_for(plan, 0, payload, "127.0.0.1", free_port("127.0.0.1"))
+    job = plan.job(0, payload, "127.0.0.1", free_port("127.0.0.1"))
     try:
         async with anyio.create_task_group() as tg:
 

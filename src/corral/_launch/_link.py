@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import math
 import os
 import select
 import sys
@@ -131,7 +130,6 @@ __all__ = [
     "WorkerExit",
     "WorkerResult",
     "WorkerUsage",
-    "check_link_timeout",
     "decode_config",
     "decoder",
     "encode_config",
@@ -166,15 +164,6 @@ BEATS_PER_TIMEOUT: Final = 4
 def heartbeat_interval(link_timeout: float) -> float:
     """Seconds between two heartbeats of a link whose deadline is ``link_timeout``."""
     return link_timeout / BEATS_PER_TIMEOUT
-
-
-def check_link_timeout(value: float) -> float:
-    """``value`` if it can be a link deadline (a positive, finite number of seconds)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"link_timeout must be a number of seconds, not {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"link_timeout must be a positive number of seconds, not {value}")
-    return float(value)
 
 
 class AgentHello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
@@ -514,14 +503,16 @@ class AgentConfig(msgspec.Struct, frozen=True):
     secret: str
     address: str
     port: int
+    # The launch's options the agent keeps, as the launcher checked them: each named as
+    # its option, which gives it its value (corral._launch._options.Plan.agent_config).
+    start_timeout: float  # to dial back
+    link_timeout: float
+    log_level: int
+    host_log_dir: str | None
     index: int = -1  # -1: from SLURM_NODEID
     host: str = ""
     python: str = ""
     watch_stdin: bool = True
-    log_level: int = 0
-    log_dir: str | None = None
-    start_timeout: float = 60.0  # to dial back
-    link_timeout: float = DEFAULT_LINK_TIMEOUT
     usage: bool = False  # sample the workers, send Usage
 
 

@@ -18,8 +18,8 @@ from .._sys._proc import ResourceUsage
 from . import _link
 from ._coordinator import Coordinator
 from ._hosts import dial_back_addresses
-from ._link import CONFIG_ENV, encode_config
-from ._plan import Plan, job_for
+from ._link import CONFIG_ENV
+from ._options import Plan
 
 if TYPE_CHECKING:
     from ._context import LaunchContext, WorkerProcess
@@ -114,7 +114,7 @@ class _Remote:
             return
         if self.closing:
             return
-        link = _link.Link(stream, self.plan.link_timeout)
+        link = _link.Link(stream, self.plan.options.link_timeout)
         agent = _AgentConnection(hello.index, link, hello)
         self.agents[hello.index] = agent
         if len(self.agents) == len(self.plan.hosts):
@@ -194,20 +194,16 @@ class _Remote:
         plan = self.plan
         python = plan.ssh.remote_python
         command = [python, "-m", "corral._agent"]
-        timeouts = {"start_timeout": plan.start_timeout, "link_timeout": plan.link_timeout}
         if plan.slurm:
             address, port = addresses[0]
-            config = encode_config(
+            config = plan.agent_config(
                 secret=self.secret,
                 address=address,
                 port=port,
                 index=-1,
                 python=python,
                 watch_stdin=False,
-                log_level=plan.log_level,
-                log_dir=plan.host_log_dir,
                 usage=self.ctx.usage is not None,  # the agent samples its workers
-                **timeouts,
             )
             nodes = len(plan.hosts)
             proc = await self.ctx.start(
@@ -229,7 +225,7 @@ class _Remote:
             return
         for index, host in enumerate(plan.hosts):
             address, port = addresses[index]
-            config = encode_config(
+            config = plan.agent_config(
                 secret=self.secret,
                 address=address,
                 port=port,
@@ -237,10 +233,7 @@ class _Remote:
                 host=host,
                 python=python,
                 watch_stdin=True,
-                log_level=plan.log_level,
-                log_dir=plan.host_log_dir,
                 usage=self.ctx.usage is not None,  # the agent samples its workers
-                **timeouts,
             )
             proc = await self.ctx.start(
                 # ssh ignores SIGINT if it starts with SIGINT ignored: a Ctrl-C that
@@ -323,9 +316,9 @@ class _Remote:
                     missing.append(f"{self.where(index)} did not connect back{said}")
                 elif not self.agents[index].ready.is_set():
                     missing.append(f"{self.where(index)} connected back but did not get ready")
-        return (
-            f"the launch did not start within {self.plan.start_timeout:g} s (start_timeout): "
-            + "; ".join(missing)
+        timeout = self.plan.options.start_timeout
+        return f"the launch did not start within {timeout:g} s (start_timeout): " + "; ".join(
+            missing
         )
 
     async def stop_all(self, grace: float) -> None:
@@ -420,15 +413,15 @@ async def launch_remote(
     plan: Plan,
     payload: bytes,
     coordinator: Coordinator,
-    launcher_address: str | None,
 ) -> None:
-    deadline = anyio.current_time() + plan.start_timeout
+    options = plan.options
+    deadline = anyio.current_time() + options.start_timeout
     secret = secrets.token_hex(16)
     remote = _Remote(ctx, plan, coordinator, secret)
     # Each agent dials back to this machine's address on the route to its own
     # host (hosts on different networks reach us by different addresses).
-    if launcher_address is not None:
-        wanted = [launcher_address] * len(plan.hosts)
+    if options.launcher_address is not None:
+        wanted = [options.launcher_address] * len(plan.hosts)
     else:
         wanted = await dial_back_addresses(plan.hosts, plan.ssh)
     listeners: dict[str, anyio.abc.Listener[anyio.abc.SocketStream]] = {}
@@ -449,9 +442,7 @@ async def launch_remote(
                 master_port = remote.agents[0].master_port
                 for index, agent in sorted(remote.agents.items()):
                     try:
-                        await agent.link.send(
-                            job_for(plan, index, payload, master_addr, master_port)
-                        )
+                        await agent.link.send(plan.job(index, payload, master_addr, master_port))
                     except _link.LinkLost:
                         pass  # its reader reports the loss
                 await coordinator.settled.wait()

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import linecache
 import types
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-__all__ = ["MAX_SOURCE", "dumps", "restore_code"]
+__all__ = ["MAX_SOURCE", "dumps", "pickle_job", "restore_code"]
 
 #: The most source text (in bytes, UTF-8) one job carries for its tracebacks.
 MAX_SOURCE = 1024 * 1024
@@ -100,3 +101,16 @@ def dumps(obj: object) -> bytes:
     buffer = io.BytesIO()
     _pickler_type()(buffer).dump(obj)
     return buffer.getvalue()
+
+
+def pickle_job(func: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
+    """``func`` and ``args`` pickled for the workers (:func:`dumps`); else ``TypeError``."""
+    if not callable(func):
+        raise TypeError(f"launch needs a callable, not {type(func).__name__}")
+    try:
+        return dumps((func, args))
+    except Exception as exc:
+        raise TypeError(
+            f"cannot send {func!r} and its arguments to the workers: {exc} "
+            "(they travel pickled with cloudpickle)"
+        ) from exc

@@ -38,9 +38,6 @@ __all__ = ["Client", "MonitorSink"]
 QUEUE_RECORDS: Final = 20_000
 #: ... and at most this many bytes of output (plus the newest read, if it alone is more).
 QUEUE_BYTES: Final = 8 * 1024 * 1024
-#: Log records a client can fall behind by and lose none, if the records it
-#: follows are at least half of all (the page and ``corral tail`` follow all).
-CLIENT_QUEUE: Final = QUEUE_RECORDS // 2
 #: Log records a client gets on connecting, from before it came, at most; as
 #: many as fit in about :data:`RECENT_MESSAGE` bytes (its first message).
 RECENT_RECORDS: Final = 500
