@@ -83,7 +83,7 @@ def _turn(folder: Path, *, alone: bool) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """In a parallel session, a test marked ``serial`` runs while no other test does.
 
     For a test that counts or changes what the whole machine shares (the processes of a user,
