@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import functools
 import os
 import select
 import signal
@@ -15,6 +17,7 @@ import time
 import anyio
 import anyio.to_thread
 import pytest
+import sniffio
 from tests.helpers.processes import TAG_VAR, group_members, is_alive, is_dying, wait_gone
 
 import corral
@@ -121,12 +124,19 @@ async def test_a_failure_is_out_without_waiting_for_the_lifeline() -> None:
 # exit as an event (a pidfd of the thread).  The control test shows that this retirement does
 # kill a child armed with PR_SET_PDEATHSIG from a worker thread.
 
-#: The names of the worker threads of AnyIO's asyncio backend and of Trio, which retire.
-_RETIRING = ("AnyIO worker thread", "Trio thread")
 
+def _idle_threads() -> list[threading.Thread]:
+    """The worker threads this event loop's backend keeps idle, which would retire.
 
-def _pool_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(_RETIRING) and t.is_alive()]
+    Only this loop's: a session runs other loops (a blocking facade's, another test's) whose
+    worker threads are not this loop's to hand jobs to."""
+    if sniffio.current_async_library() == "trio":
+        from trio._core._thread_cache import THREAD_CACHE
+
+        return [worker._thread for worker in THREAD_CACHE._idle_workers]
+    from anyio._backends._asyncio import _threadpool_idle_workers
+
+    return list(_threadpool_idle_workers.get(collections.deque()))
 
 
 class Retirement:
@@ -145,38 +155,33 @@ class Retirement:
             self._monkeypatch.setattr(owner, name, seconds)
 
     async def now(self) -> None:
-        """Make every worker thread there is now retire, and wait until each has exited.
+        """Make every idle worker thread of this loop retire, and wait until each has exited.
 
-        Each gets a job at once (one more job than there are threads, all held at a barrier
-        until every one has started: the idle threads are used first), with the idle time 0
-        from now on; then the extra job's thread, a new one, is the last to go idle, so that
-        the next call takes it and retires all the others (AnyIO on asyncio retires idle
-        threads only when a call comes; Trio's leave on their own).
+        Trio's retire on their own once idle for ``IDLE_TIMEOUT``, read as each goes idle: so
+        each is given a job (all held at a barrier, so that every idle one is taken) with the
+        timeout 0 from now on.  AnyIO on asyncio stops its idle threads only when a call
+        prunes them; this is that pruning, for all of them at once.
         """
         self._set(0)
-        old = _pool_threads()
-        count = len(old) + 1
-        barrier = threading.Barrier(count, timeout=10)
-        old_done = threading.Event()
-        finished = 0
+        old = _idle_threads()
+        if sniffio.current_async_library() == "trio":
+            if old:
+                barrier = threading.Barrier(len(old), timeout=10)
+                limiter = anyio.CapacityLimiter(len(old))
+                async with anyio.create_task_group() as tg:
+                    for _ in old:
+                        tg.start_soon(
+                            functools.partial(anyio.to_thread.run_sync, limiter=limiter),
+                            barrier.wait,
+                        )
+        else:
+            from anyio._backends._asyncio import _threadpool_idle_workers
 
-        def job() -> None:
-            barrier.wait()
-            if threading.current_thread() not in old:
-                assert old_done.wait(10)
-
-        async def one() -> None:
-            nonlocal finished
-            await anyio.to_thread.run_sync(job, limiter=limiter)
-            finished += 1
-            if finished == len(old):
-                old_done.set()
-
-        limiter = anyio.CapacityLimiter(count)
-        async with anyio.create_task_group() as tg:
-            for _ in range(count):
-                tg.start_soon(one)
-        await anyio.to_thread.run_sync(os.getpid)
+            idle = _threadpool_idle_workers.get()
+            while idle:
+                worker = idle.popleft()
+                worker.root_task.remove_done_callback(worker.stop)
+                worker.stop()
         deadline = time.monotonic() + 10
         for thread in old:
             _wait_thread_gone(thread, deadline)
@@ -239,7 +244,7 @@ async def test_early_child_outlives_idle_worker_threads(tag: str, retirement: Re
     async with corral.open_runner(console=False) as r:
         await anyio.to_thread.run_sync(os.getpid)  # a worker thread of this loop, at least
         p = await r.start(["sleep", "1000"], extra_env={TAG_VAR: tag})
-        assert _pool_threads()
+        assert _idle_threads()
         await retirement.now()
         assert p.returncode is None
         assert is_alive(p.pid) and not is_dying(p.pid)
