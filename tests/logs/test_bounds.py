@@ -324,8 +324,9 @@ def test_two_hundred_stuck_clients_barely_slow_a_flood(tmp_path: Path, anyio_bac
             cpu["without"].append(runner.run_costs(1, LINES, lines, 200)[1])
     without, with_stuck = statistics.median(cpu["without"]), statistics.median(cpu["with"])
     # The target is 10% (bench/monitor.py measures it); what this catches is work per client
-    # and read (that made it 9-12x slower).
-    assert with_stuck <= 1.5 * without, cpu
+    # and read (that made it 9-12x slower).  At this small a flood a loaded machine was seen
+    # at 1.6x (the 200 clients' fixed costs weigh more), so the bound is 3x, far under the bug.
+    assert with_stuck <= 3 * without, cpu
 
 
 # -- nothing unauthenticated costs memory --------------------------------------------------------

@@ -79,7 +79,7 @@ def test_importing_the_plugin_loads_neither_anyio_nor_the_launcher() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["corral", "corral.testing"]
+    assert out.stdout.split() == ["corral", "corral._facade", "corral.testing"]
 
 
 CLEAN = """
