@@ -233,6 +233,45 @@ def test_ctrl_c_in_a_blocking_runner_stops_every_child_within_grace(
     assert s.finish() == -signal.SIGINT, s.describe()
 
 
+SIGINT_TO_THE_LOOP_THREAD = (
+    _PREAMBLE
+    + """
+import threading
+fifo = sys.argv[3]
+
+def interrupt_the_loop_thread():
+    with open(fifo) as f:  # opens once the child of r.run opened it: the call is under way
+        f.read()
+    loop = next(t for t in threading.enumerate() if t.name.startswith("corral-script-loop"))
+    signal.pthread_kill(loop.ident, signal.SIGINT)  # as the kernel may pick any thread
+
+try:
+    with corral.open_runner_sync(name="script", backend=backend, grace=1.0) as r:
+        threading.Thread(target=interrupt_the_loop_thread, daemon=True).start()
+        r.run(["sh", "-c", f"echo > {fifo}; exec sleep 1000"],
+              extra_env={"CORRAL_TEST_TAG": tag})
+except KeyboardInterrupt:
+    print("caught KeyboardInterrupt", file=sys.stderr, flush=True)
+    raise
+"""
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_ctrl_c_the_kernel_gives_to_the_loop_thread_still_interrupts_a_call(
+    script: Callable[..., Script], backend: str, tag: str, tmp_path: Path
+) -> None:
+    """A process's SIGINT goes to any thread that does not block it: when it is the loop's,
+    the blocked call in the main thread must still see it (it waited forever: 1 in 220 trials
+    of a Ctrl-C under load)."""
+    fifo = tmp_path / "call-started"
+    os.mkfifo(fifo)
+    s = script(SIGINT_TO_THE_LOOP_THREAD, backend, tag, str(fifo))
+    s.wait_for_stderr("caught KeyboardInterrupt", timeout=20)
+    assert not wait_gone(tagged_pids(tag), 5)
+    assert s.finish() == -signal.SIGINT, s.describe()
+
+
 # -- in this process ----------------------------------------------------------------------------
 
 

@@ -32,6 +32,10 @@ T = TypeVar("T")
 #: stop every child, before :class:`KeyboardInterrupt` is raised regardless.
 INTERRUPT_SLACK = 1.0
 
+#: How often, in seconds, the main thread wakes while it waits for the loop, to
+#: run a signal handler whose signal the kernel gave to another thread.
+WAKE_INTERVAL = 0.1
+
 
 class Portal:
     """A runner on a loop of its own in a helper thread, and the blocking calls into it.
@@ -71,7 +75,7 @@ class Portal:
         )
         self._loop = self._executor.submit(self._run_loop)
         try:
-            self._started.result()
+            _result(self._started)
         except KeyboardInterrupt:
             self._interrupted()
             raise
@@ -135,7 +139,7 @@ class Portal:
         try:
             self._on_loop(self._request_close)
             # Like a nursery, the end of the block waits for the children.
-            concurrent.futures.wait([self._loop])
+            _wait(self._loop)
         except KeyboardInterrupt:
             self._interrupted()
             raise
@@ -189,7 +193,7 @@ class Portal:
             except anyio.RunFinishedError:
                 raise self._ended(what) from None
             try:
-                return future.result()
+                return _result(future)
             except concurrent.futures.CancelledError:
                 # The runner's scope was cancelled under the call (a child
                 # failed, or the runner was cancelled), or it was closing.
@@ -221,7 +225,7 @@ class Portal:
     def _ended(self, what: str) -> BaseException:
         """Wait for a runner that is ending by itself; return what the call should raise."""
         assert self._loop is not None
-        concurrent.futures.wait([self._loop])  # the runner's exit is bounded
+        _wait(self._loop)  # the runner's exit is bounded
         self._close(wait=True)
         error = self._loop_error()
         if error is not None and not self._delivered:
@@ -252,7 +256,7 @@ class Portal:
         while True:
             try:
                 left = max(0.0, deadline - time.monotonic())
-                ended = bool(concurrent.futures.wait([self._loop], timeout=left).done)
+                ended = _wait(self._loop, left)
                 break
             except KeyboardInterrupt:
                 # Ctrl-C again: no more grace.
@@ -354,3 +358,43 @@ def hide_internal_frames(exc: BaseException) -> None:
     for frame, lasti, lineno in reversed(kept):
         rebuilt = types.TracebackType(rebuilt, frame, lasti, lineno)
     exc.__traceback__ = rebuilt
+
+
+def _wait(future: concurrent.futures.Future[Any], timeout: float | None = None) -> bool:
+    """Wait until ``future`` is done or ``timeout`` seconds have passed; whether it is done.
+
+    Interruptible by Ctrl-C whatever thread the kernel hands the signal to.
+    The kernel gives a process's SIGINT to any thread that does not block it:
+    given to the loop's thread, it makes Python run the handler in the main
+    thread at its next instruction, which a wait without a timeout never
+    reaches.  So the main thread waits in slices of :data:`WAKE_INTERVAL`
+    (other threads run no signal handler, and wait in one piece).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return _done_within(future, timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = WAKE_INTERVAL
+        if deadline is not None:
+            left = max(min(left, deadline - time.monotonic()), 0.0)
+        if _done_within(future, left):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+
+
+def _done_within(future: concurrent.futures.Future[Any], timeout: float | None) -> bool:
+    """Whether ``future`` is done (cancelled included) within ``timeout`` seconds."""
+    try:
+        future.exception(timeout)  # returns, without raising it, what the future raised
+    except concurrent.futures.CancelledError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def _result(future: concurrent.futures.Future[T]) -> T:
+    """``future.result()``, interruptible as :func:`_wait` is."""
+    _wait(future)
+    return future.result()
