@@ -485,8 +485,9 @@ def test_backlogs_of_many_children_cost_a_bounded_total(tmp_path: Path, anyio_ba
         runner.run_argv(100, 2, lines_argv(2, 1 << 20))
         grown = grown_mib(runner, before)
     # The backlogs, the unfinished lines and the collector's queue, 8 MiB at most each
-    # (31 to 38 MiB measured), and a little slack for the allocator.
-    assert grown < 48, f"the launcher grew by {grown:.0f} MiB"
+    # (31 to 38 MiB measured, 48 once on a loaded machine), and slack for the allocator;
+    # unbounded, it grew by 100 to 220 MiB.
+    assert grown < 64, f"the launcher grew by {grown:.0f} MiB"
 
 
 #: A child that writes ``argv[2]`` records or lines of 64 KiB (to stdout, or through

@@ -21,7 +21,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -1806,13 +1805,15 @@ def test_a_stuck_client_costs_the_launcher_bounded_memory_and_no_time(
     assert grown < 48, (
         f"the launcher grew by {grown:.0f} MiB with a stuck client: {before}, {after}"
     )
-    without, with_stuck = statistics.median(times["without"]), statistics.median(times["with"])
+    # The least CPU of each set: what the burst costs at the least, which the machine's other
+    # work can only add to (medians of 5 were seen 36% apart on a quiet CI machine).
+    without, with_stuck = min(times["without"]), min(times["with"])
     summary = ", ".join(f"{k}: {' '.join(f'{t:.3f}' for t in v)}" for k, v in times.items())
     # The target is 10% (bench/monitor.py measures it, with many repetitions);
     # a test on a shared machine allows for noise, and still catches a client
     # whose queue costs work per line (that made bursts 16% to 80% slower).
     assert with_stuck <= 1.25 * without, (
         f"a stuck client slowed a {count}-record burst by "
-        f"{100 * (with_stuck / without - 1):.0f}% (median CPU seconds {with_stuck:.3f} against "
+        f"{100 * (with_stuck / without - 1):.0f}% (least CPU seconds {with_stuck:.3f} against "
         f"{without:.3f}; {summary})"
     )

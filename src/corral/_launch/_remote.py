@@ -47,6 +47,7 @@ class _AgentConnection:
         self.done = anyio.Event()  # AgentDone came: every worker of the host is reaped
         self.ended = anyio.Event()  # done, or the link is lost
         self.finished = anyio.Event()  # nothing more will be read from the link
+        self.heard = 0  # messages read from the link (heartbeats aside)
         # The conversation is shielded from the launch's cancellation, so that a
         # stop still hears the agents confirm; the launch ends it with this scope.
         self.scope = anyio.CancelScope(shield=True)
@@ -127,6 +128,7 @@ class _Remote:
                     try:
                         while True:
                             for message in await link.receive():
+                                agent.heard += 1
                                 await self._dispatch(agent, message)
                     except _link.LinkLost as lost:
                         why = lost.reason
@@ -367,13 +369,16 @@ class _Remote:
                 "and an agent that loses its link stops its workers"
             )
 
-    async def end(self, patience: float) -> None:
+    async def end(self, patience: float, *, stopped: bool) -> None:
         """The launch is over: let the agents go, close their links, stop their commands.
 
         The agents that confirmed get ``patience`` seconds to close their
         links (their last log lines are read meanwhile) and their commands to
         exit; every other command (an ssh client hung on a cut link, say) is
-        stopped at once.
+        stopped at once.  At the end of a launch that was not ``stopped`` an
+        agent's ``patience`` runs from the last message it sent: a host that
+        is still forwarding its workers' last records (a burst that a busy
+        machine sends slowly) is read to the end, not cut off.
         """
         for proc, _ in self.commands:
             if proc.stdin is not None:
@@ -383,11 +388,18 @@ class _Remote:
             for proc, indices in self.commands
             if all(i in self.agents and self.agents[i].done.is_set() for i in indices)
         ]
-        with anyio.move_on_after(patience):
+        if stopped:
+            with anyio.move_on_after(patience):
+                for proc, indices in confirmed:
+                    for index in indices:
+                        await self.agents[index].finished.wait()
+                    await proc.wait()
+        else:
             for proc, indices in confirmed:
                 for index in indices:
-                    await self.agents[index].finished.wait()
-                await proc.wait()
+                    await _until_finished(self.agents[index], patience)
+                with anyio.move_on_after(patience):
+                    await proc.wait()
         self.closing = True
         for agent in self.agents.values():
             agent.scope.cancel()
@@ -400,6 +412,17 @@ class _Remote:
                     # gets its time to end the step's tasks.
                     hung = (proc, indices) not in confirmed and not self.plan.slurm
                     tg.start_soon(proc.stop, 0.0 if hung else 0.5)
+
+
+async def _until_finished(agent: _AgentConnection, patience: float) -> None:
+    """Wait until nothing more will be read from ``agent``'s link, or until ``patience``
+    seconds passed with nothing read."""
+    while not agent.finished.is_set():
+        heard = agent.heard
+        with anyio.move_on_after(patience):
+            await agent.finished.wait()
+        if agent.heard == heard:
+            return
 
 
 def _program(proc: WorkerProcess) -> str:
@@ -434,7 +457,7 @@ async def launch_remote(
         async with anyio.create_task_group() as tg:
             for each in listeners.values():
                 tg.start_soon(remote.serve, each, tg)
-            patience = COMMAND_EXIT_WAIT
+            stopped = False  # by a cancellation or a signal
             try:
                 await remote.start_agents([(a, ports[a]) for a in wanted])
                 await remote.wait_started(deadline)
@@ -453,13 +476,14 @@ async def launch_remote(
                     for agent in remote.agents.values():
                         await agent.ended.wait()
             except BaseException:
-                patience = COMMAND_EXIT_WAIT_STOPPED
+                stopped = True
                 with anyio.CancelScope(shield=True):
                     await remote.stop_all(plan.grace)
                 raise
             finally:
+                patience = COMMAND_EXIT_WAIT_STOPPED if stopped else COMMAND_EXIT_WAIT
                 with anyio.CancelScope(shield=True):
-                    await remote.end(patience)
+                    await remote.end(patience, stopped=stopped)
                 tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
