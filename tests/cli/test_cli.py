@@ -1215,10 +1215,12 @@ def test_terminal_status_table_shows_cpu_and_memory(
     term = Terminal(argv, cwd=tmp_path, env=environ(tag))
     try:
         if option is None:
+            shown: dict[str, re.Match[str]] = {}
 
             def telling() -> bool:
                 # However loaded the machine, a CPU loop gets a few percent of a core.
-                rows = term.table()
+                nonlocal shown
+                rows = shown = term.table()
                 busy, idle = rows.get("agent-0.worker-0"), rows.get("agent-0.worker-1")
                 if busy is None or idle is None or "-" in (busy["cpu"], busy["mem"]):
                     return False
@@ -1228,7 +1230,7 @@ def test_terminal_status_table_shows_cpu_and_memory(
                 return float(busy["cpu"][:-1]) >= 5 and idle["cpu"] == "0.0%" and held
 
             term.until("the busy worker's and the idle one's figures", telling, timeout=30)
-            assert term.table()["agent-0.worker-1"]["mem"].endswith("M")
+            assert shown["agent-0.worker-1"]["mem"].endswith("M")
         else:
             term.until("the table", lambda: len(term.table()) == 2)
             drawn, since = term.raw.count(b"last exit"), time.monotonic()
@@ -1237,7 +1239,14 @@ def test_terminal_status_table_shows_cpu_and_memory(
                 "redraws for 2.5 s",
                 lambda: time.monotonic() > since + 2.5 and term.raw.count(b"last exit") > drawn + 2,
             )
-            rows = term.table()
+            rows: dict[str, re.Match[str]] = {}
+
+            def whole() -> bool:  # not a screen caught between a clear and its redraw
+                nonlocal rows
+                rows = term.table()
+                return len(rows) == 2
+
+            term.until("a whole table", whole)
             assert [(r["cpu"], r["mem"]) for r in rows.values()] == [("-", "-")] * 2, rows
     finally:
         term.close()
