@@ -369,14 +369,15 @@ class _Remote:
                 "and an agent that loses its link stops its workers"
             )
 
-    async def end(self, patience: float, *, stopped: bool) -> None:
+    async def end(self, *, stopped: bool) -> None:
         """The launch is over: let the agents go, close their links, stop their commands.
 
-        The agents that confirmed get ``patience`` seconds to close their
-        links (their last log lines are read meanwhile) and their commands to
-        exit; every other command (an ssh client hung on a cut link, say) is
-        stopped at once.  At the end of a launch that was not ``stopped`` an
-        agent's ``patience`` runs from the last message it sent: a host that
+        The agents that confirmed get :data:`COMMAND_EXIT_WAIT` seconds (after
+        a cancellation or a signal, ``stopped``: :data:`COMMAND_EXIT_WAIT_STOPPED`)
+        to close their links (their last log lines are read meanwhile) and
+        their commands to exit; every other command (an ssh client hung on a
+        cut link, say) is stopped at once.  At the end of a launch that was not
+        ``stopped`` an agent's wait runs from the last message it sent: a host that
         is still forwarding its workers' last records (a burst that a busy
         machine sends slowly) is read to the end, not cut off.
         """
@@ -389,7 +390,7 @@ class _Remote:
             if all(i in self.agents and self.agents[i].done.is_set() for i in indices)
         ]
         if stopped:
-            with anyio.move_on_after(patience):
+            with anyio.move_on_after(COMMAND_EXIT_WAIT_STOPPED):
                 for proc, indices in confirmed:
                     for index in indices:
                         await self.agents[index].finished.wait()
@@ -397,8 +398,8 @@ class _Remote:
         else:
             for proc, indices in confirmed:
                 for index in indices:
-                    await _until_finished(self.agents[index], patience)
-                with anyio.move_on_after(patience):
+                    await _until_finished(self.agents[index], COMMAND_EXIT_WAIT)
+                with anyio.move_on_after(COMMAND_EXIT_WAIT):
                     await proc.wait()
         self.closing = True
         for agent in self.agents.values():
@@ -481,9 +482,8 @@ async def launch_remote(
                     await remote.stop_all(plan.grace)
                 raise
             finally:
-                patience = COMMAND_EXIT_WAIT_STOPPED if stopped else COMMAND_EXIT_WAIT
                 with anyio.CancelScope(shield=True):
-                    await remote.end(patience, stopped=stopped)
+                    await remote.end(stopped=stopped)
                 tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
