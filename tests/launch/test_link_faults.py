@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -31,7 +32,14 @@ import pytest
 from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
-from corral._launch._link import HELLO_TIMEOUT, MAX_LINK_FRAME, MAX_PENDING_HELLOS, Link, LinkLost
+from corral._launch import _link
+from corral._launch._link import (
+    HELLO_TIMEOUT,
+    MAX_LINK_FRAME,
+    MAX_PENDING_HELLOS,
+    Link,
+    LinkLost,
+)
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -635,6 +643,53 @@ async def test_a_frame_over_the_link_limit_loses_the_link_before_its_payload() -
             with anyio.fail_after(5), pytest.raises(LinkLost, match="bad frame"):
                 await link.receive()
             assert link._decoder.buffered == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_link_ended_with_bytes_unread_on_its_side_loses_none_it_sent() -> None:
+    """The agent ends its link while a heartbeat of the launcher waits unread on its side.
+
+    A plain close would make the kernel reset the connection, which throws away
+    what the agent sent that the launcher had not read yet (its last log lines,
+    its AgentDone): ``Link.close`` says end-of-stream and waits for the launcher
+    to read everything and close its side.
+    """
+    text = b"x" * 1023 + b"\n"
+    sent = [_link.Lines("worker-0", "stdout", 20, 0.0, b"%d " % i + text) for i in range(2000)]
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
+        (listener,) = listeners.listeners
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with (
+            await anyio.connect_tcp("127.0.0.1", port) as theirs,
+            await listener.accept() as ours,
+        ):
+            agent, launcher = Link(theirs, timeout=10), Link(ours, timeout=10)
+            await launcher.send(_link.Heartbeat())
+            # It has come, and the agent will never read it.  (Watched from a thread:
+            # asyncio lets nobody else wait on a socket its transport owns.)
+            raw = theirs.extra(anyio.abc.SocketAttribute.raw_socket)
+            readable, _, _ = await anyio.to_thread.run_sync(select.select, [raw], [], [], 5.0)
+            assert readable
+            closed = anyio.Event()
+
+            async def last_words() -> None:
+                for message in sent:
+                    await agent.send(message)
+                await agent.close()
+                closed.set()
+
+            got: list[object] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(last_words)
+                with anyio.fail_after(10), pytest.raises(LinkLost, match=r"^closed the link$"):
+                    while True:
+                        got.extend(await launcher.receive())
+                assert not closed.is_set()  # the agent waits for this side to close
+                await ours.aclose()
+                with anyio.fail_after(5):
+                    await closed.wait()
+            assert got == sent
 
 
 # -- 3. every launch failure is a LaunchError, in time --------------------------------------

@@ -177,7 +177,7 @@ async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
             f"no answer within {config.start_timeout:g} s (start_timeout)"
         )
     lost: str | None = None
-    async with stream, anyio.create_task_group() as tg:
+    async with stream:
         link = _Link(stream, config.link_timeout)
         # The hello first, at once: the launcher gives a connection only a
         # few seconds to say who it is.
@@ -187,32 +187,35 @@ async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
             )
         except _link.LinkLost as exc:
             raise _AgentExit(f"the launcher {exc.reason}") from None
-        tg.start_soon(link.beat)
-        forward = ForwardSink(name, link.send)
-        forward.setLevel(config.log_level)
-        routes: list[Any] = [forward]
-        async with open_runner(
-            name=name,
-            console=False,
-            handlers=routes,
-            log_dir=config.host_log_dir,
-            handle_signals=True,
-            # The agent owns its process: what its workers orphan is its own.
-            subreaper=True,
-            usage=False,  # the agent samples its workers itself (_report_usage)
-        ) as runner:
-            port = free_port("") if index == 0 else 0
-            try:
-                await link.send(_link.Ready(port))
-            except _link.LinkLost as exc:
-                raise _AgentExit(f"the launcher {exc.reason}") from None
-            workers = HostWorkers(
-                runner.start, host=index, prefix="", python=config.python or sys.executable
-            )
-            lost = await _obey(link, workers, config)
-            if lost is not None:
-                runner.cancel()
-        tg.cancel_scope.cancel()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(link.beat)
+            forward = ForwardSink(name, link.send)
+            forward.setLevel(config.log_level)
+            routes: list[Any] = [forward]
+            async with open_runner(
+                name=name,
+                console=False,
+                handlers=routes,
+                log_dir=config.host_log_dir,
+                handle_signals=True,
+                # The agent owns its process: what its workers orphan is its own.
+                subreaper=True,
+                usage=False,  # the agent samples its workers itself (_report_usage)
+            ) as runner:
+                port = free_port("") if index == 0 else 0
+                try:
+                    await link.send(_link.Ready(port))
+                except _link.LinkLost as exc:
+                    raise _AgentExit(f"the launcher {exc.reason}") from None
+                workers = HostWorkers(
+                    runner.start, host=index, prefix="", python=config.python or sys.executable
+                )
+                lost = await _obey(link, workers, config)
+                if lost is not None:
+                    runner.cancel()
+            tg.cancel_scope.cancel()
+        # Every message is sent: end the link without losing one (see _link).
+        await link.close()
     if lost is not None:
         raise _AgentExit(f"the launcher {lost}; stopped the workers")
 

@@ -35,6 +35,14 @@ broken ends the same way on both sides: the agent stops its workers at once
 lost, which fails the launch (:class:`corral.LaunchError` naming the host)
 and stops every other host's workers.
 
+**The link ends without a reset** (:meth:`Link.close`).  The agent is the side
+that ends a link that served its purpose: it says end-of-stream after its last
+message and reads on, dropping what comes (heartbeats), until the launcher has
+read everything and closed its side too.  Closing a TCP connection that still
+holds unread bytes (a heartbeat that came meanwhile) makes the kernel reset it
+instead, and a reset throws away what the other side had not read yet: the
+agent's last log lines and its ``AgentDone``.
+
 Only these messages ever carry pickles — the function and its arguments, a
 worker's return value, a worker's exception — and only after the hello was
 accepted; log records travel as the log wire format's own records, never
@@ -376,6 +384,9 @@ class Link:
         self._due: float | None = None
         #: The last time this side was found not running: (seconds, when it ended).
         self._stalled: tuple[float, float] | None = None
+        #: Since when :meth:`receive` has waited for a message (heartbeats aside);
+        #: ``None`` while its caller handles the last ones it returned.
+        self.waiting_since: float | None = None
 
     @property
     def lost(self) -> str | None:
@@ -447,6 +458,8 @@ class Link:
         """The next messages that came (never an empty list); :class:`LinkLost` when gone."""
         import anyio
 
+        if self.waiting_since is None:
+            self.waiting_since = anyio.current_time()
         while True:
             data = b""
             with self._until_lost(), anyio.move_on_after(self.timeout) as quiet:
@@ -470,7 +483,33 @@ class Link:
                 raise LinkLost(str(self._lost)) from None
             kept = [m for m in messages if not isinstance(m, Heartbeat)]
             if kept:
+                self.waiting_since = None
                 return kept  # type: ignore[return-value]
+
+    async def close(self) -> None:
+        """End the link from this side once the other side has read all of it.
+
+        Says end-of-stream (after any frame being sent), then reads and drops
+        what still comes until the other side closes too, or the link is lost
+        by its usual rules (silence past the deadline, a reset): see the
+        module's docs for why a plain close can lose this side's last
+        messages.  Stop :meth:`beat` first: nothing may be sent after this.
+        """
+        import anyio
+
+        if self._lost is not None:
+            return
+        with self._until_lost():
+            try:
+                async with self._lock:
+                    await self._stream.send_eof()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                self._lose_here(f"broke the link ({exc!r})")
+        while True:
+            try:
+                await self.receive()
+            except LinkLost:
+                return
 
     async def beat(self) -> None:
         """Send a heartbeat every :func:`heartbeat_interval` seconds until the link is gone."""

@@ -47,7 +47,6 @@ class _AgentConnection:
         self.done = anyio.Event()  # AgentDone came: every worker of the host is reaped
         self.ended = anyio.Event()  # done, or the link is lost
         self.finished = anyio.Event()  # nothing more will be read from the link
-        self.heard = 0  # messages read from the link (heartbeats aside)
         # The conversation is shielded from the launch's cancellation, so that a
         # stop still hears the agents confirm; the launch ends it with this scope.
         self.scope = anyio.CancelScope(shield=True)
@@ -128,7 +127,6 @@ class _Remote:
                     try:
                         while True:
                             for message in await link.receive():
-                                agent.heard += 1
                                 await self._dispatch(agent, message)
                     except _link.LinkLost as lost:
                         why = lost.reason
@@ -139,6 +137,13 @@ class _Remote:
                 agent.ended.set()
                 agent.finished.set()
                 if not agent.done.is_set():
+                    if self.coordinator.settled.is_set() and self.coordinator.failure is None:
+                        # The outcome stands; what the host logged last may not.
+                        self._warn(
+                            f"the link to {self.where(agent.index)} {why} before the agent "
+                            "confirmed that its workers were reaped: every worker's outcome "
+                            "had come, but lines they wrote last may be missing"
+                        )
                     self.coordinator.agent_lost(agent.index, why)
 
     async def _dispatch(self, agent: _AgentConnection, message: Any) -> None:
@@ -377,9 +382,10 @@ class _Remote:
         to close their links (their last log lines are read meanwhile) and
         their commands to exit; every other command (an ssh client hung on a
         cut link, say) is stopped at once.  At the end of a launch that was not
-        ``stopped`` an agent's wait runs from the last message it sent: a host that
-        is still forwarding its workers' last records (a burst that a busy
-        machine sends slowly) is read to the end, not cut off.
+        ``stopped`` an agent's wait counts only while the launcher waits on its
+        link with nothing coming: a host that is still forwarding its workers'
+        last records (a burst that a busy machine sends slowly, or that a slow
+        log handler here takes slowly) is read to the end, not cut off.
         """
         for proc, _ in self.commands:
             if proc.stdin is not None:
@@ -398,7 +404,12 @@ class _Remote:
         else:
             for proc, indices in confirmed:
                 for index in indices:
-                    await _until_finished(self.agents[index], COMMAND_EXIT_WAIT)
+                    if not await _until_finished(self.agents[index], COMMAND_EXIT_WAIT):
+                        self._warn(
+                            f"{self.where(index)} confirmed that its workers were reaped, then "
+                            f"sent nothing for {COMMAND_EXIT_WAIT:g} s without closing its link; "
+                            "the link is closed now, and what the agent had not sent is lost"
+                        )
                 with anyio.move_on_after(COMMAND_EXIT_WAIT):
                     await proc.wait()
         self.closing = True
@@ -415,15 +426,23 @@ class _Remote:
                     tg.start_soon(proc.stop, 0.0 if hung else 0.5)
 
 
-async def _until_finished(agent: _AgentConnection, patience: float) -> None:
-    """Wait until nothing more will be read from ``agent``'s link, or until ``patience``
-    seconds passed with nothing read."""
+async def _until_finished(agent: _AgentConnection, patience: float) -> bool:
+    """Wait until nothing more will be read from ``agent``'s link, or until it has been
+    waited on for ``patience`` seconds with nothing coming.
+
+    Only the time spent waiting on the link counts: while the launcher hands what
+    came to a slow log handler, the agent is not silent, it is held back.  Whether
+    the link was read to its end.
+    """
+    link = agent.link
     while not agent.finished.is_set():
-        heard = agent.heard
-        with anyio.move_on_after(patience):
+        since = link.waiting_since
+        left = patience if since is None else since + patience - anyio.current_time()
+        if left <= 0:
+            return False
+        with anyio.move_on_after(left):
             await agent.finished.wait()
-        if agent.heard == heard:
-            return
+    return True
 
 
 def _program(proc: WorkerProcess) -> str:
