@@ -756,3 +756,30 @@ def test_the_worker_entry_point_loads_no_event_loop() -> None:
     loaded = _loaded_after(code)
     heavy = {m for m in loaded if m.split(".")[0] in _HEAVY}
     assert not heavy, heavy
+
+
+def test_corral_help_loads_no_runner_and_no_event_loop() -> None:
+    """``corral --help`` lists the commands from their definitions alone: the runner, the
+    console, the status table and the monitor load only once a command runs (issue 26.6)."""
+    code = (
+        "import contextlib, io\n"
+        "from corral._cli._main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass"
+    )
+    loaded = _loaded_after(code)
+    assert "corral._cli._up" in loaded  # the commands were listed
+    loops = {m for m in loaded if m.split(".")[0] in ("asyncio", "trio", "websockets")}
+    assert not loops, loops
+    runner = (
+        "corral._core",
+        "corral._monitor",
+        "corral._logs._console",
+        "corral._cli._loop",
+        "corral._cli._status",
+        "corral._cli._console",
+    )
+    assert not {m for m in loaded if m.startswith(runner)}, loaded

@@ -8,13 +8,25 @@ import stat
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
 from .._logs._terminal import terminal_text
 
-__all__ = ["EXIT_PIPE", "Stdout", "exit_code", "fail", "say", "shorten"]
+if TYPE_CHECKING:
+    from .._sys._backend import LoopHandle
+
+__all__ = [
+    "EXIT_PIPE",
+    "Stdout",
+    "call_soon",
+    "check_written",
+    "exit_code",
+    "fail",
+    "say",
+    "shorten",
+]
 
 
 def exit_code(returncode: int) -> int:
@@ -195,3 +207,17 @@ class StdoutBytes:
 
     def flush(self) -> None:
         self._owner.guard(self._raw.flush)
+
+
+def check_written(stdout: Stdout) -> None:
+    """Exit with 1 and say why if stdout failed otherwise than by its reader going."""
+    if stdout.error is not None:
+        fail(f"cannot write to stdout: {stdout.error.strerror or stdout.error}", 1)
+
+
+def call_soon(loop: LoopHandle, fn: Callable[[], object]) -> None:
+    """``fn()`` on ``loop`` soon, from any thread; nothing if the loop has finished."""
+    try:
+        loop.call_soon_threadsafe(fn)
+    except anyio.RunFinishedError:
+        pass

@@ -17,15 +17,13 @@ from .._logs._terminal import terminal_text
 from .._sys import _contain
 from ._console import CommandConsole
 from ._group import Output
-from ._io import EXIT_PIPE, Stdout, fail, say
+from ._io import EXIT_PIPE, Stdout, call_soon, check_written, fail, say
 from ._status import Status
 
 if TYPE_CHECKING:
     from corral import Runner
 
-    from .._sys._backend import LoopHandle
-
-__all__ = ["Job", "Status", "call_soon", "check_written", "main_loop"]
+__all__ = ["Job", "Status", "main_loop"]
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -50,20 +48,6 @@ class Job(Protocol):
         """What a stop stops: ``"4 workers"``, ``"3 processes"``."""
 
     async def __call__(self, r: Runner, status: Status) -> int: ...
-
-
-def check_written(stdout: Stdout) -> None:
-    """Exit with 1 and say why if stdout failed otherwise than by its reader going."""
-    if stdout.error is not None:
-        fail(f"cannot write to stdout: {stdout.error.strerror or stdout.error}", 1)
-
-
-def call_soon(loop: LoopHandle, fn: Callable[[], object]) -> None:
-    """``fn()`` on ``loop`` soon, from any thread; nothing if the loop has finished."""
-    try:
-        loop.call_soon_threadsafe(fn)
-    except anyio.RunFinishedError:
-        pass
 
 
 def main_loop(name: str, output: Output, job: Job) -> NoReturn:

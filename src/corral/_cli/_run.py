@@ -15,8 +15,7 @@ import click
 
 from .._checks import is_text
 from .._launch._hosts import MAX_WORKERS, workers_here
-from .._launch._options import DEFAULT_LINK_TIMEOUT
-from ._console import rank_label
+from .._launch._link import DEFAULT_LINK_TIMEOUT
 from ._group import (
     CONTEXT,
     MAX_COPIES,
@@ -27,9 +26,7 @@ from ._group import (
     text_option,
 )
 from ._io import exit_code, say, shorten
-from ._loop import Status, main_loop
 from ._procfile import EnvFileError, parse_env_file, read_input_file
-from ._status import describe_failure
 from ._torchrun import (
     TorchrunCommand,
     check_nodes,
@@ -41,6 +38,8 @@ from ._torchrun import (
 
 if TYPE_CHECKING:
     from corral import SSH, Runner
+
+    from ._loop import Status
 
 __all__ = ["run"]
 
@@ -262,6 +261,8 @@ def run(**params: Any) -> None:
     first failure's (128 + N for a signal N); 130 after Ctrl-C.  Put the
     command after "--" (or after the options).
     """
+    from ._loop import main_loop  # the runner, the console: only once a command runs
+
     main_loop(*plan_run(**params))
 
 
@@ -343,6 +344,8 @@ def plan_run(
     job.master_addr, job.master_port = master_addr, master_port
     if rdzv_id is not None:
         job.run_id = rdzv_id  # torchrun's TORCHELASTIC_RUN_ID is its --rdzv-id
+    from ._console import rank_label
+
     job.label = rank_label(_per_host(nproc, host_list), ranks, local_ranks)
     return name, output, job
 
@@ -549,6 +552,8 @@ class _RunJob:
                 return 0
             except corral.WorkerFailed as failure:
                 if self.restart != "on-failure" or attempt >= self.max_restarts:
+                    from ._status import describe_failure
+
                     status.stopping()
                     where = f"local rank {failure.local_rank} on host {failure.host}"
                     status.failure = describe_failure(

@@ -13,7 +13,6 @@ import click
 
 from ._group import CONTEXT, text_option
 from ._io import say
-from ._status import size
 from ._tail import MAX_TAIL_MESSAGE, websocket_url
 
 __all__ = ["sparkline", "status"]
@@ -182,6 +181,8 @@ def _process_rows(
 
 def _cells(figures: dict[str, Any] | None, cpu: list[float]) -> tuple[str, str, str, str]:
     """The cpu, mem, gpu and sparkline cells of one process (``-`` for what is not known)."""
+    from ._status import size  # with the status table's code: only when there are figures
+
     if figures is None:
         return "-", "-", "-", ""
     gpu = figures.get("gpu")

@@ -14,8 +14,7 @@ import anyio
 import click
 
 from ._group import CONTEXT, RAW_OPTION, text_option
-from ._io import EXIT_PIPE, Stdout, say, shorten
-from ._loop import call_soon, check_written
+from ._io import EXIT_PIPE, Stdout, call_soon, check_written, say, shorten
 
 if TYPE_CHECKING:
     from corral import ConsoleHandler

@@ -15,12 +15,12 @@ import click
 
 from ._group import CONTEXT, Output, name_option, output_options
 from ._io import exit_code, fail, say, shorten
-from ._loop import Status, main_loop
 from ._procfile import Plan, env_option, plan_options, read_env_files
-from ._status import describe_failure
 
 if TYPE_CHECKING:
     from corral import Process, Runner
+
+    from ._loop import Status
 
 __all__ = ["SYSTEM", "check", "exec_command", "up"]
 
@@ -99,6 +99,8 @@ def up(
     )
     job = _UpJob(plan, grace)
     job.label = system_label(name, plan.names, hidden)
+    from ._loop import main_loop  # the runner, the console: only once a command runs
+
     main_loop(name, output, job)
 
 
@@ -202,6 +204,8 @@ class _UpJob:
         code = ended[0].returncode
         assert code is not None  # it was waited for
         if code != 0 and r.received_signal is None:
+            from ._status import describe_failure
+
             status.failure = describe_failure(ended[0].name, code, ended[0].stderr_tail)
         r.cancel()
         return exit_code(code)
