@@ -1,4 +1,5 @@
-"""``corral up`` against ``honcho start``: how soon the first line shows, and the process's.
+"""``corral up`` against ``honcho start``: how soon the first line shows, and the process's;
+and ``corral --help`` against ``honcho --help``.
 
 Target (issue 25, item 5): ``corral up`` shows its first line no later than
 ``honcho start`` does, with the same Procfile (``web: echo ready; exec sleep
@@ -7,9 +8,14 @@ then the process's ``web.1 | ready``; measured from the launcher's start to
 each, then the launcher gets SIGTERM and the bench waits for it and the
 process to be gone (pidfds, no polling).
 
+Targets (issue 26, item 6): ``corral --help`` exits no later than ``honcho
+--help`` does.
+
 The two alternate repetition by repetition (ABBA), so that drift on a shared
-machine hits them alike.  Without honcho installed (``pip install honcho``)
-only corral is measured, and the table says so.
+machine hits them alike.  Each runs from its own console script beside this
+Python (not through a shell shim such as pyenv's, which would add its own start).
+Without honcho installed (``pip install honcho``) only corral is measured, and
+the table says so.
 
 Usage::
 
@@ -43,8 +49,16 @@ def corral_argv() -> list[str]:
 
 
 def honcho_argv() -> list[str] | None:
-    found = shutil.which("honcho")
+    script = Path(sys.executable).with_name("honcho")
+    found = str(script) if script.exists() else shutil.which("honcho")
     return [found] if found else None
+
+
+def measure_help(argv: list[str], env: dict[str, str]) -> float:
+    """Seconds from the start of ``argv --help`` to its exit."""
+    started = time.perf_counter()
+    subprocess.run([*argv, "--help"], stdout=subprocess.DEVNULL, env=env, check=True)
+    return time.perf_counter() - started
 
 
 def measure(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[float, float]:
@@ -107,6 +121,10 @@ def main() -> None:
         print("# honcho is not installed (pip install honcho): corral up alone")
     first: dict[str, list[float]] = {key: [] for key in variants}
     ready: dict[str, list[float]] = {key: [] for key in variants}
+    helps = {"corral --help": corral_argv()}
+    if honcho is not None:
+        helps["honcho --help"] = honcho
+    helped: dict[str, list[float]] = {key: [] for key in helps}
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "Procfile").write_text(PROCFILE)
         # As installed programs start: their modules compiled once, into a cache of the
@@ -115,12 +133,15 @@ def main() -> None:
         env |= {"NO_COLOR": "1", "PYTHONPYCACHEPREFIX": str(Path(tmp) / "pycache")}
         for argv in variants.values():
             measure(argv, tmp, env)  # the warm-up: compiles, fills the page cache
+            measure_help(argv, env)
         keys = list(variants)
         for rep in range(args.reps):
             for key in keys if rep % 2 == 0 else keys[::-1]:  # ABBA
                 f, r = measure(variants[key], tmp, env)
                 first[key].append(f)
                 ready[key].append(r)
+            for key in list(helps) if rep % 2 == 0 else list(helps)[::-1]:
+                helped[key].append(measure_help(helps[key], env))
             print(f"repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
     header = ["launcher", "first line (median)", "process's line (median)", "first line (max)"]
     rows = [
@@ -146,6 +167,20 @@ def main() -> None:
         print(
             f"- first line, corral up / honcho start: {ratio:.2f} (target <= 1): "
             f"{'met' if met else 'NOT met'}"
+        )
+    print()
+    print(f"## From the start of `--help` to its exit (medians of {args.reps})")
+    print()
+    rows = [[key, _ms(statistics.median(v)), _ms(max(v))] for key, v in helped.items()]
+    print(format_table(["command", "median", "max"], rows, args.markdown))
+    if honcho is not None:
+        ratio = statistics.median(helped["corral --help"]) / statistics.median(
+            helped["honcho --help"]
+        )
+        print()
+        print(
+            f"- corral --help / honcho --help: {ratio:.2f} (target <= 1): "
+            f"{'met' if ratio <= 1.0 else 'NOT met'}"
         )
 
 
