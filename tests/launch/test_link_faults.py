@@ -39,6 +39,7 @@ from corral._launch._link import (
     MAX_PENDING_HELLOS,
     Link,
     LinkLost,
+    heartbeat_interval,
 )
 
 if TYPE_CHECKING:
@@ -690,6 +691,38 @@ async def test_a_link_ended_with_bytes_unread_on_its_side_loses_none_it_sent() -
                 with anyio.fail_after(5):
                     await closed.wait()
             assert got == sent
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_side_stopped_while_its_heartbeat_waited_to_be_sent_says_so() -> None:
+    """The heartbeat is this side's clock: a stop that comes while a heartbeat waits behind
+    a long send (a peer that reads nothing) is still seen when the link then breaks."""
+    timeout = 1.0
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
+        (listener,) = listeners.listeners
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        peer = await anyio.connect_tcp("127.0.0.1", port)
+        async with await listener.accept() as ours:
+            link = Link(ours, timeout=timeout)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(link.beat)
+
+                async def stuck() -> None:
+                    with pytest.raises(LinkLost):
+                        await link.send(b"x" * (64 << 20))  # more than any socket buffer
+
+                tg.start_soon(stuck)
+                # Let the heartbeat come due behind that send (were it late, the stop below
+                # would be seen by its wake-up, and this test would prove less, not fail).
+                await anyio.sleep(2 * heartbeat_interval(timeout))
+                time.sleep(1.5 * timeout)  # this side is not running: its loop is blocked
+                await peer.aclose()  # the link breaks under the send
+                with anyio.fail_after(10):
+                    while link.lost is None:
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+    assert "because this launcher was not running for at least" in link.lost, link.lost
 
 
 # -- 3. every launch failure is a LaunchError, in time --------------------------------------

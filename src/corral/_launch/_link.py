@@ -380,7 +380,7 @@ class Link:
         self._lock = anyio.Lock()
         self._lost: str | None = None
         self._scopes: set[anyio.CancelScope] = set()
-        #: When the heartbeat is due to wake next (``None`` while it sends).
+        #: When the heartbeat is due to wake next (``None`` until it beats).
         self._due: float | None = None
         #: The last time this side was found not running: (seconds, when it ended).
         self._stalled: tuple[float, float] | None = None
@@ -512,22 +512,42 @@ class Link:
                 return
 
     async def beat(self) -> None:
-        """Send a heartbeat every :func:`heartbeat_interval` seconds until the link is gone."""
+        """Send a heartbeat every :func:`heartbeat_interval` seconds until the link is gone.
+
+        The beat is also this side's clock (see :meth:`_own_stall`): it keeps a
+        schedule and never waits on a send itself (a heartbeat still on its way
+        when the next is due is not doubled), so that whenever this process is
+        stopped, the beat's next wake-up is already overdue when it runs again.
+        """
         import anyio
 
         frame = encode(Heartbeat())
         interval = heartbeat_interval(self.timeout)
-        while self._lost is None:
-            self._due = anyio.current_time() + interval
-            await anyio.sleep(interval)
-            late = anyio.current_time() - self._due
-            self._due = None
-            if late > interval:  # this side was not running meanwhile
-                self._stalled = (late, anyio.current_time())
+        sending = False
+
+        async def send() -> None:
+            nonlocal sending
             try:
                 await self.send(frame)
             except LinkLost:
-                return
+                pass
+            finally:
+                sending = False
+
+        async with anyio.create_task_group() as tg:
+            due = anyio.current_time() + interval
+            while self._lost is None:
+                self._due = due
+                await anyio.sleep_until(due)
+                now = anyio.current_time()
+                late = now - due
+                if late > interval:  # this side was not running meanwhile
+                    self._stalled = (late, now)
+                # On schedule: a stop that comes before the next sleep makes it overdue too.
+                due = now + interval if late > interval else due + interval
+                if not sending:
+                    sending = True
+                    tg.start_soon(send)
 
 
 # -- the agent's configuration -------------------------------------------------------------
