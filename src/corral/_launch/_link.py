@@ -35,13 +35,11 @@ broken ends the same way on both sides: the agent stops its workers at once
 lost, which fails the launch (:class:`corral.LaunchError` naming the host)
 and stops every other host's workers.
 
-**The link ends without a reset** (:meth:`Link.close`).  The agent is the side
-that ends a link that served its purpose: it says end-of-stream after its last
-message and reads on, dropping what comes (heartbeats), until the launcher has
-read everything and closed its side too.  Closing a TCP connection that still
-holds unread bytes (a heartbeat that came meanwhile) makes the kernel reset it
-instead, and a reset throws away what the other side had not read yet: the
-agent's last log lines and its ``AgentDone``.
+**The link ends without a reset** (:meth:`Link.close`).  The agent ends a link
+that served its purpose: end-of-stream after its last message, then it drops
+what comes (heartbeats) until the launcher has read all and closed too.  Closing
+a TCP connection with unread bytes makes the kernel reset it, which throws away
+what the other side had not read yet: the agent's last lines, its ``AgentDone``.
 
 Only these messages ever carry pickles — the function and its arguments, a
 worker's return value, a worker's exception — and only after the hello was
@@ -487,13 +485,10 @@ class Link:
                 return kept  # type: ignore[return-value]
 
     async def close(self) -> None:
-        """End the link from this side once the other side has read all of it.
+        """End the link once the other side has read all of it (see the module's docs).
 
-        Says end-of-stream (after any frame being sent), then reads and drops
-        what still comes until the other side closes too, or the link is lost
-        by its usual rules (silence past the deadline, a reset): see the
-        module's docs for why a plain close can lose this side's last
-        messages.  Stop :meth:`beat` first: nothing may be sent after this.
+        Says end-of-stream, then drops what still comes until the other side
+        closes too, or the link is lost by its usual rules.  Stop :meth:`beat` first.
         """
         import anyio
 
@@ -514,10 +509,8 @@ class Link:
     async def beat(self) -> None:
         """Send a heartbeat every :func:`heartbeat_interval` seconds until the link is gone.
 
-        The beat is also this side's clock (see :meth:`_own_stall`): it keeps a
-        schedule and never waits on a send itself (a heartbeat still on its way
-        when the next is due is not doubled), so that whenever this process is
-        stopped, the beat's next wake-up is already overdue when it runs again.
+        It is also this side's clock (:meth:`_own_stall`): on a schedule, never
+        waiting on a send itself, so that after any stop its next wake-up is overdue.
         """
         import anyio
 
@@ -527,12 +520,9 @@ class Link:
 
         async def send() -> None:
             nonlocal sending
-            try:
+            with contextlib.suppress(LinkLost):
                 await self.send(frame)
-            except LinkLost:
-                pass
-            finally:
-                sending = False
+            sending = False
 
         async with anyio.create_task_group() as tg:
             due = anyio.current_time() + interval
