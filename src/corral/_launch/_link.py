@@ -93,10 +93,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import select
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import msgspec
@@ -437,20 +438,24 @@ class Link:
 
     async def send(self, message: LinkMessage | bytes) -> None:
         """Send one message (or an encoded frame); :class:`LinkLost` if the link is gone."""
-        import anyio
-
         frame = message if isinstance(message, bytes) else encode(message)
         if self._lost is not None:
             raise LinkLost(self._lost)
+        await self._write(functools.partial(self._stream.send, frame))
+        if self._lost is not None:
+            raise LinkLost(self._lost)
+
+    async def _write(self, write: Callable[[], Awaitable[None]]) -> None:
+        """``write()`` on the stream, alone there, unless the link is gone; an error loses it."""
+        import anyio
+
         with self._until_lost():
             try:
                 async with self._lock:
                     if self._lost is None:
-                        await self._stream.send(frame)
+                        await write()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                 self._lose_here(f"broke the link ({exc!r})")
-        if self._lost is not None:
-            raise LinkLost(self._lost)
 
     async def receive(self) -> list[LinkMessage]:
         """The next messages that came (never an empty list); :class:`LinkLost` when gone."""
@@ -490,16 +495,9 @@ class Link:
         Says end-of-stream, then drops what still comes until the other side
         closes too, or the link is lost by its usual rules.  Stop :meth:`beat` first.
         """
-        import anyio
-
         if self._lost is not None:
             return
-        with self._until_lost():
-            try:
-                async with self._lock:
-                    await self._stream.send_eof()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                self._lose_here(f"broke the link ({exc!r})")
+        await self._write(self._stream.send_eof)
         while True:
             try:
                 await self.receive()
