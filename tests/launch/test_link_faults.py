@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -627,23 +627,30 @@ async def test_silent_strangers_wait_for_their_hello_at_most_64_at_a_time(
     assert report["after"] < HELLO_TIMEOUT - 1, report
 
 
+@contextlib.asynccontextmanager
+async def tcp_pair() -> AsyncIterator[tuple[anyio.abc.SocketStream, anyio.abc.SocketStream]]:
+    """Two ends of one real TCP connection on the loopback: (the dialer's, the listener's)."""
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
+        (listener,) = listeners.listeners
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with (
+            await anyio.connect_tcp("127.0.0.1", port) as dialer,
+            await listener.accept() as accepted,
+        ):
+            yield dialer, accepted
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(20)
 async def test_a_frame_over_the_link_limit_loses_the_link_before_its_payload() -> None:
     """After the hello a frame may be 1 GiB (MAX_LINK_FRAME); a longer one ends the link as
     soon as its length is read, before any of its payload is waited for or held."""
-    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
-        (listener,) = listeners.listeners
-        port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        async with (
-            await anyio.connect_tcp("127.0.0.1", port) as peer,
-            await listener.accept() as ours,
-        ):
-            link = Link(ours, timeout=10)
-            await peer.send((MAX_LINK_FRAME + 1).to_bytes(4, "big") + b"x" * 1000)
-            with anyio.fail_after(5), pytest.raises(LinkLost, match="bad frame"):
-                await link.receive()
-            assert link._decoder.buffered == 0
+    async with tcp_pair() as (peer, ours):
+        link = Link(ours, timeout=10)
+        await peer.send((MAX_LINK_FRAME + 1).to_bytes(4, "big") + b"x" * 1000)
+        with anyio.fail_after(5), pytest.raises(LinkLost, match="bad frame"):
+            await link.receive()
+        assert link._decoder.buffered == 0
 
 
 @pytest.mark.anyio
@@ -658,39 +665,33 @@ async def test_a_link_ended_with_bytes_unread_on_its_side_loses_none_it_sent() -
     """
     text = b"x" * 1023 + b"\n"
     sent = [_link.Lines("worker-0", "stdout", 20, 0.0, b"%d " % i + text) for i in range(2000)]
-    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
-        (listener,) = listeners.listeners
-        port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        async with (
-            await anyio.connect_tcp("127.0.0.1", port) as theirs,
-            await listener.accept() as ours,
-        ):
-            agent, launcher = Link(theirs, timeout=10), Link(ours, timeout=10)
-            await launcher.send(_link.Heartbeat())
-            # It has come, and the agent will never read it.  (Watched from a thread:
-            # asyncio lets nobody else wait on a socket its transport owns.)
-            raw = theirs.extra(anyio.abc.SocketAttribute.raw_socket)
-            readable, _, _ = await anyio.to_thread.run_sync(select.select, [raw], [], [], 5.0)
-            assert readable
-            closed = anyio.Event()
+    async with tcp_pair() as (theirs, ours):
+        agent, launcher = Link(theirs, timeout=10), Link(ours, timeout=10)
+        await launcher.send(_link.Heartbeat())
+        # It has come, and the agent will never read it.  (Watched from a thread:
+        # asyncio lets nobody else wait on a socket its transport owns.)
+        raw = theirs.extra(anyio.abc.SocketAttribute.raw_socket)
+        readable, _, _ = await anyio.to_thread.run_sync(select.select, [raw], [], [], 5.0)
+        assert readable
+        closed = anyio.Event()
 
-            async def last_words() -> None:
-                for message in sent:
-                    await agent.send(message)
-                await agent.close()
-                closed.set()
+        async def last_words() -> None:
+            for message in sent:
+                await agent.send(message)
+            await agent.close()
+            closed.set()
 
-            got: list[object] = []
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(last_words)
-                with anyio.fail_after(10), pytest.raises(LinkLost, match=r"^closed the link$"):
-                    while True:
-                        got.extend(await launcher.receive())
-                assert not closed.is_set()  # the agent waits for this side to close
-                await ours.aclose()
-                with anyio.fail_after(5):
-                    await closed.wait()
-            assert got == sent
+        got: list[object] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(last_words)
+            with anyio.fail_after(10), pytest.raises(LinkLost, match=r"^closed the link$"):
+                while True:
+                    got.extend(await launcher.receive())
+            assert not closed.is_set()  # the agent waits for this side to close
+            await ours.aclose()
+            with anyio.fail_after(5):
+                await closed.wait()
+        assert got == sent
 
 
 @pytest.mark.anyio
@@ -699,29 +700,27 @@ async def test_a_side_stopped_while_its_heartbeat_waited_to_be_sent_says_so() ->
     """The heartbeat is this side's clock: a stop that comes while a heartbeat waits behind
     a long send (a peer that reads nothing) is still seen when the link then breaks."""
     timeout = 1.0
-    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listeners:
-        (listener,) = listeners.listeners
-        port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        peer = await anyio.connect_tcp("127.0.0.1", port)
-        async with await listener.accept() as ours:
-            link = Link(ours, timeout=timeout)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(link.beat)
+    async with tcp_pair() as (peer, ours):
+        link = Link(ours, timeout=timeout)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(link.beat)
+            broken = anyio.Event()
 
-                async def stuck() -> None:
-                    with pytest.raises(LinkLost):
-                        await link.send(b"x" * (64 << 20))  # more than any socket buffer
+            async def stuck() -> None:
+                with pytest.raises(LinkLost):
+                    await link.send(b"x" * (64 << 20))  # more than any socket buffer
+                broken.set()
 
-                tg.start_soon(stuck)
-                # Let the heartbeat come due behind that send (were it late, the stop below
-                # would be seen by its wake-up, and this test would prove less, not fail).
-                await anyio.sleep(2 * heartbeat_interval(timeout))
-                time.sleep(1.5 * timeout)  # this side is not running: its loop is blocked
-                await peer.aclose()  # the link breaks under the send
-                with anyio.fail_after(10):
-                    while link.lost is None:
-                        await anyio.sleep(0.01)
-                tg.cancel_scope.cancel()
+            tg.start_soon(stuck)
+            # Let the heartbeat come due behind that send (were it late, the stop below
+            # would be seen by its wake-up, and this test would prove less, not fail).
+            await anyio.sleep(2 * heartbeat_interval(timeout))
+            time.sleep(1.5 * timeout)  # this side is not running: its loop is blocked
+            await peer.aclose()  # the link breaks under the send
+            with anyio.fail_after(10):
+                await broken.wait()
+            tg.cancel_scope.cancel()
+    assert link.lost is not None
     assert "because this launcher was not running for at least" in link.lost, link.lost
 
 
