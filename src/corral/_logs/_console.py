@@ -15,7 +15,7 @@ from typing import Final, TextIO
 from ._records import believable, format_message, source_of, wire_message
 from ._sinks import BlockSink, Stamps
 from ._sources import Source
-from ._terminal import is_text, terminal_bytes, terminal_text
+from ._terminal import is_text, terminal_bytes, terminal_text, write_out
 from ._wire import Record
 
 __all__ = ["ConsoleHandler"]
@@ -225,7 +225,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 self._raw(_CLEAR)
                 self._drawn = []
             try:
-                _write_raw(self.errors, data)
+                write_out(self.errors, data)
             except (OSError, ValueError):
                 pass  # nobody reads it any more
             if pinned or (shared and self._bars):
@@ -325,8 +325,8 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 self._raw(_CLEAR)
                 self._drawn = []
             try:
-                target.write(text if text.endswith("\n") else text + "\n")
-                target.flush()
+                line = text if text.endswith("\n") else text + "\n"
+                write_out(target, line.encode("utf-8", "replace"))
             except (OSError, ValueError):
                 pass  # nobody reads it any more: nothing to say it on
             if pinned or self._bars:
@@ -369,7 +369,7 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         self._raw(b"".join(out))
 
     def _raw(self, data: bytes) -> None:
-        _write_raw(self.stream, data)
+        write_out(self.stream, data)
 
     def flush_block(self) -> None:
         pass  # every write is flushed
@@ -382,20 +382,6 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
             self._bars.clear()
             self._footer = []
         super().close()
-
-
-def _write_raw(stream: TextIO | None, data: bytes) -> None:
-    """``data`` to ``stream``, through its bytes buffer if it has one; flushed."""
-    if stream is None:
-        return
-    buffer = getattr(stream, "buffer", None)
-    if buffer is not None:
-        stream.flush()
-        buffer.write(data)
-        buffer.flush()
-    else:
-        stream.write(data.decode("utf-8", "replace"))
-        stream.flush()
 
 
 def _isatty(stream: TextIO | None) -> bool:
