@@ -238,6 +238,7 @@ main()
 @pytest.mark.timeout(120)
 def test_record_error_reaches_the_failure_message(tmp_path: Path, tag: str) -> None:
     """torch's @record writes TORCHELASTIC_ERROR_FILE; corral's last line quotes it."""
+    pytest.importorskip("torch")
     (tmp_path / "rec.py").write_text(RECORD)
     out = run(corral_argv("run", "-n", "2", "rec.py"), tmp_path, shell_env(tag))
     assert out.returncode == 1, out.stderr
