@@ -125,6 +125,9 @@ class _Link(_link.Link):
         except _link.LinkLost:
             pass
 
+    async def result_part(self, host: int, message: _link.ResultPart) -> None:
+        await self._report(message)  # as it came: one part per send, heartbeats between
+
     async def result(self, host: int, message: _link.WorkerResult) -> None:
         await self._report(message)
 
@@ -314,7 +317,9 @@ async def _report_usage(link: _Link, workers: HostWorkers) -> None:
             except _link.LinkLost:
                 return
             said = bool(figures)
-        await anyio.sleep(INTERVAL - (anyio.current_time() - began))
+        # Until the next tick, which may be due already: the send may have waited
+        # (behind a large frame, on a slow link) for longer than the interval.
+        await anyio.sleep_until(began + INTERVAL)
 
 
 def main(open_runner: OpenRunner, config: _link.AgentConfig) -> int:
