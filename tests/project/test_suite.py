@@ -70,3 +70,14 @@ def test_a_module_on_one_loop_keeps_a_case_on_the_other() -> None:
         ]
         assert others, f"{path.relative_to(ROOT)} runs on one loop and keeps no case on the other"
     assert modules, "no module runs on one loop: is tests/helpers/loops.py still used?"
+
+
+def test_every_program_is_run_by_a_test() -> None:
+    """``tests/programs/``: each program is named (``program("lines", ...)``) somewhere else."""
+    programs = ROOT / "tests" / "programs"
+    texts = {p: p.read_text() for p in (ROOT / "tests").rglob("*.py")}
+    for path in sorted(programs.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        named = f'"{path.stem}"'
+        assert any(named in text for p, text in texts.items() if p != path), path.name
