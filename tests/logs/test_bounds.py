@@ -44,6 +44,8 @@ from corral._logs._sources import (
     Source,
 )
 from corral._logs._wire import MAX_HELLO
+from corral._monitor import _asyncio as _monitor_asyncio
+from corral._monitor import _trio as _monitor_trio
 from corral._monitor._clients import (
     MESSAGE_BYTES,
     MIN_MESSAGE,
@@ -450,7 +452,15 @@ async def test_a_client_message_over_the_bound_closes_only_that_client() -> None
 @BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(20)
-async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -> None:
+async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The deadline is HANDSHAKE_TIMEOUT (5 s); each server reads it when it needs it, and here
+    # it is 1 s, so that the test waits out less.  The lower bound shows the deadline is kept.
+    deadline = 1.0
+    assert HANDSHAKE_TIMEOUT == 5.0  # what docs/howto/monitor.rst and limits.rst say
+    monkeypatch.setattr(_monitor_trio, "HANDSHAKE_TIMEOUT", deadline)
+    monkeypatch.setattr(_monitor_asyncio, "HANDSHAKE_TIMEOUT", deadline)
     async with corral.open_runner(name="demo", monitor=LOOPBACK, console=False) as r:
         assert r.monitor_url is not None
         port = urllib.parse.urlsplit(r.monitor_url).port
@@ -458,14 +468,14 @@ async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
             start = time.monotonic()
             await stream.send(b"GET /?token=")
-            with anyio.fail_after(HANDSHAKE_TIMEOUT + 5):
+            with anyio.fail_after(deadline + 10):
                 try:
                     while True:
                         await stream.receive()
                 except (anyio.EndOfStream, anyio.BrokenResourceError):
                     pass
             took = time.monotonic() - start
-    assert HANDSHAKE_TIMEOUT - 0.5 < took < HANDSHAKE_TIMEOUT + 1.5, took
+    assert deadline - 0.1 < took < deadline + 5, took  # room above: a loaded machine
 
 
 # -- the monitor's queue, on its own --------------------------------------------------------------
