@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "corral"
 
@@ -81,3 +83,14 @@ def test_every_program_is_run_by_a_test() -> None:
             continue
         named = f'"{path.stem}"'
         assert any(named in text for p, text in texts.items() if p != path), path.name
+
+
+def test_tmp_path_leaves_room_for_the_runners_log_socket(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """tests/conftest.py's short_basetemp: a test that sets TMPDIR to its ``tmp_path`` in a
+    pytest-xdist worker still gets a log socket under the 107 bytes a Unix socket path holds."""
+    base = str(tmp_path_factory.getbasetemp())
+    worker = "" if "popen-gw" in base else "/popen-gw19"
+    longest = f"{base}{worker}/{'t' * 30}10/corral-log-abcdefgh/log.sock"
+    assert len(longest.encode()) <= 107 - 10, longest  # and ten bytes to spare
