@@ -10,7 +10,7 @@ import anyio
 
 if TYPE_CHECKING:
     from .._core._process import Process
-    from .._core._runner import Runner
+    from .._runner._runner import Runner
     from .._logs._sources import LogTail
     from .._sys._proc import ResourceUsage
     from ._portal import Portal
