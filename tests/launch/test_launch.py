@@ -31,11 +31,18 @@ import anyio
 import anyio.to_thread
 import cloudpickle
 import pytest
+from tests.helpers.loops import BOTH_LOOPS, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
 from corral import RemoteTraceback
 from corral._launch import _hosts as launch_hosts
+
+# One loop (tests/helpers/loops.py): agents always run on asyncio, and workers on no loop at
+# all; what reaches the launcher (results, environments, logs, errors) is the same whatever
+# its loop.  The launcher's own side runs on both: a raise that stops the siblings, a
+# cancellation, work kept off its loop.  Tests pinned to a loop say which.
+anyio_backend = one_loop()
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -349,6 +356,7 @@ async def test_local_logs_stream_under_worker_sources(tag: str) -> None:
         ]
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_local_raise_propagates_fast_with_traceback(tag: str) -> None:
@@ -450,6 +458,7 @@ async def test_local_nothing_lost_before_os_exit(tag: str) -> None:
     assert logs.by_source(source, "stdout") == [f"line 0 {i}" for i in range(n)]
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_local_cancel_stops_every_worker(tag: str) -> None:
@@ -469,6 +478,7 @@ async def test_local_cancel_stops_every_worker(tag: str) -> None:
         assert tagged_pids(tag) == []  # reaped before launch returned
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_local_runner_cancel_stops_every_worker(tag: str) -> None:
@@ -687,7 +697,6 @@ async def test_unpicklable_argument_is_named() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_two_hosts_results_environment_and_logs(
     ssh_hosts: _hosts.SshHosts, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -769,7 +778,6 @@ time.sleep(60)
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_remote_workers_figures_come_over_the_link(
     ssh_hosts: _hosts.SshHosts, tag: str
 ) -> None:
@@ -910,7 +918,6 @@ def test_two_hosts_log_burst_loses_nothing(ssh_hosts: _hosts.SshHosts, tag: str)
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_remote_nothing_lost_before_os_exit(ssh_hosts: _hosts.SshHosts, tag: str) -> None:
     logs = Lines()
     n = 2000
@@ -928,6 +935,7 @@ async def test_remote_nothing_lost_before_os_exit(ssh_hosts: _hosts.SshHosts, ta
     assert logs.by_source(source, "stdout") == [f"line 0 {i}" for i in range(n)]
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_two_hosts_cancel_reaps_every_worker(ssh_hosts: _hosts.SshHosts, tag: str) -> None:
@@ -1465,6 +1473,7 @@ async def test_slurm_without_scontrol_is_a_launch_error(
         await launch_hosts.slurm_hosts()
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 @pytest.mark.usefixtures("_no_slurm_env")
@@ -1505,6 +1514,7 @@ def large_result() -> tuple[object, bytes]:
     return (_UnpicklesAsItsThread(), b"x" * (3 << 20))
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 async def test_local_large_result_is_unpickled_off_the_loop() -> None:
     # Hundreds of megabytes take a good part of a second to unpickle: not on

@@ -30,6 +30,7 @@ import anyio.abc
 import anyio.to_thread
 import cloudpickle
 import pytest
+from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
@@ -44,6 +45,10 @@ from corral._launch._link import (
 )
 from corral._logs._wire import FrameDecoder
 from corral._sys._proc import INTERVAL as USAGE_INTERVAL
+
+# One loop (tests/helpers/loops.py): the link is plain AnyIO streams and the agents always run
+# on asyncio.  A launcher's Ctrl-C runs on both (the ``backend`` of its subprocess).
+anyio_backend = one_loop()
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -161,6 +166,7 @@ def hosts_clean(
 # -- 1. the link has a deadline -------------------------------------------------------------
 
 
+@OTHER_LOOP
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_partition_stops_the_hosts_workers_and_fails_the_launch(
@@ -1029,8 +1035,11 @@ MOMENTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.parametrize(
+    ("moment", "backend"),
+    # Each moment on one loop, the loops in turn: both loops see early and late moments.
+    [(moment, ("asyncio", "trio")[i % 2]) for i, moment in enumerate(MOMENTS)],
+)
 def test_ctrl_c_at_any_moment_of_a_launch(
     ssh_hosts: _hosts.SshHosts, tag: str, backend: str, moment: float
 ) -> None:
