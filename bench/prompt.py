@@ -34,7 +34,8 @@ Figures, for each (``bench/_prompt_child.py`` is the child):
 * **crash**: lines of 1,000 printed before an uncaught exception that
   arrive (target: all), and before ``os._exit(3)``;
 * **SIGKILL**: a child printing a time-stamped line every millisecond is
-  killed at a random moment (0-200 ms) after 300 of its lines have arrived,
+  killed at a random moment (0-200 ms) after ``--kill-after`` (300) of its
+  lines have arrived,
   ``--reps`` times: the most milliseconds of its
   output before the kill never arrive (the kill's time minus the newest
   line that came; ``PYTHONUNBUFFERED=1`` keeps all; target: <= 100 ms).
@@ -46,7 +47,9 @@ Usage::
     python bench/prompt.py --smoke               # tiny sizes: only checks that it runs (CI)
 
 Options: ``--backend asyncio|trio|both``, ``--reps`` (5), ``--prints``
-(200,000), ``--ticks`` (40), ``--markdown``.  A variant that loses lines
+(200,000), ``--ticks`` (40), ``--kill-after`` (300), ``--variants`` (all;
+the baseline always; a smoke run measures the hook alone beside it),
+``--markdown``.  A variant that loses lines
 where its target says none is reported, never an exit status.
 """
 
@@ -71,7 +74,6 @@ PRINT_RATIO = 1.5  # a print under corral's default <= 1.5x block-buffered
 LATENCY_MS = 100.0  # a line reaches the launcher within 100 ms of its print
 KILL_LOSS_MS = 100.0  # a SIGKILL loses at most the last 100 ms
 CRASH_LINES = 1000
-KILL_AFTER = 300  # lines of the flood that have arrived when it is killed
 
 UNBUFFERED, BLOCK, LINE, HOOK, DEFAULT = (
     "unbuffered",
@@ -152,7 +154,7 @@ async def crash(variant: str, how: str) -> int:
     return sum(1 for text, _ in handler.lines if text.startswith("line "))
 
 
-async def killed(variant: str) -> float:
+async def killed(variant: str, kill_after: int) -> float:
     """Milliseconds of output printed before the SIGKILL that never arrived."""
     import anyio
 
@@ -165,7 +167,7 @@ async def killed(variant: str) -> float:
         options["extra_env"] = env
     async with corral.open_runner(name="bench", console=False, handlers=[handler]) as r:
         proc = await r.start([sys.executable, CHILD, "flood"], **options)
-        while len(handler.lines) < KILL_AFTER:
+        while len(handler.lines) < kill_after:
             await anyio.sleep(0.005)
         # At a moment that has nothing to do with when lines arrive.
         await anyio.sleep(random.uniform(0.0, 0.2))
@@ -178,11 +180,13 @@ async def killed(variant: str) -> float:
 
 
 async def worker(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {v: {"print": [], "latency": []} for v in VARIANTS}
-    for v in VARIANTS:  # warm up: imports, the page cache
-        await print_cost(v, max(args.prints // 50, 1))
+    variants = args.variants
+    out: dict[str, Any] = {v: {"print": [], "latency": []} for v in variants}
+    if not args.smoke:  # a smoke run checks its variants once, cold
+        for v in variants:  # warm up: imports, the page cache
+            await print_cost(v, max(args.prints // 50, 1))
     for rep in range(args.reps):
-        order = VARIANTS if rep % 4 in (0, 3) else VARIANTS[::-1]
+        order = variants if rep % 4 in (0, 3) else variants[::-1]
         for v in order:
             cost = await print_cost(v, args.prints)
             out[v]["print"].append(cost)
@@ -192,10 +196,10 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
                 f"  [{args.backend}] rep {rep + 1} {v}: {cost['wall'] / cost['n'] * 1e6:.2f} us"
                 f"/print, latency max {max(lat):.1f} ms\n"
             )
-    for v in VARIANTS:
+    for v in variants:
         out[v]["crash"] = await crash(v, "crash")
         out[v]["exit"] = await crash(v, "exit")
-        out[v]["killed"] = [await killed(v) for _ in range(args.reps)]
+        out[v]["killed"] = [await killed(v, args.kill_after) for _ in range(args.reps)]
     return out
 
 
@@ -224,7 +228,7 @@ def rows(backend: str, res: dict[str, Any]) -> list[list[str]]:
     out = []
     base = med(x["cpu"] / x["n"] for x in res[BLOCK]["print"]) * 1e6
     base_wall = med(x["wall"] / x["n"] for x in res[BLOCK]["print"]) * 1e6
-    for v in VARIANTS:
+    for v in (v for v in VARIANTS if v in res):
         r = res[v]
         wall = med(x["wall"] / x["n"] for x in r["print"]) * 1e6
         cpu = med(x["cpu"] / x["n"] for x in r["print"]) * 1e6
@@ -261,10 +265,17 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each variant (5)")
     parser.add_argument("--prints", type=int, default=200_000, help="prints per cost run")
     parser.add_argument("--ticks", type=int, default=40, help="lines per latency run")
+    parser.add_argument(
+        "--kill-after", type=int, default=300, help="lines of the flood before its SIGKILL"
+    )
     parser.add_argument("--markdown", action="store_true", help="the table in Markdown")
     parser.add_argument("--worker", action="store_true", help="run one backend, print JSON")
-    add_smoke(parser, reps=1, prints=2000, ticks=4)
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated (block-buffered always)"
+    )
+    add_smoke(parser, reps=1, prints=2000, ticks=4, kill_after=10, variants=HOOK)
     args = parser.parse_args()
+    args.variants = [BLOCK] + [v for v in args.variants.split(",") if v in VARIANTS and v != BLOCK]
     if args.worker:
         if args.backend == "both":
             parser.error("--worker needs --backend asyncio or --backend trio")
