@@ -34,9 +34,8 @@ __version__ = "0.2.0.dev0"
 #: type checkers see it (see :mod:`corral._facade`).
 _HOMES = _facade.homes(
     {
-        "_core._options": ("RunnerLaunchOptions", "RunnerOptions", "StartOptions"),
+        "_core._options": ("StartOptions",),
         "_core._process": ("Process",),
-        "_core._runner": ("Runner", "open_runner"),
         "_core._stdio": ("DEVNULL", "LOG", "PIPE", "STDOUT"),
         "_core._token": ("LoopToken",),
         "_errors": (
@@ -52,12 +51,14 @@ _HOMES = _facade.homes(
             "WorkerFailed",
             "WrongLoopError",
         ),
-        "_launch._hosts": ("DEFAULT_ENV_PATTERNS", "HOST_ENV_NAMES", "SSH"),
-        "_launch._options": ("LaunchOptions",),
+        "_launch._hosts": ("DEFAULT_ENV_PATTERNS", "HOST_ENV_NAMES"),
         "_logs._console": ("ConsoleHandler",),
         "_logs._router": ("Route",),
         "_logs._sources": ("LogTail",),
         "_results": ("CompletedProcess", "LaunchResult"),
+        "_runner._options": ("RunnerLaunchOptions", "RunnerOptions"),
+        "_runner._runner": ("Runner", "open_runner"),
+        "_scaleout": ("LaunchOptions", "SSH"),
         "_sync._handles": ("SyncLogTail", "SyncProcess"),
         "_sync._runner": ("SyncRunner", "launch", "open_runner_sync"),
         "_sys._proc": ("ResourceUsage",),

@@ -20,7 +20,6 @@ if __name__ == "__main__":
     if config.watch_stdin and _link.stdin_closed():
         print("corral agent: its ssh client is gone (standard input closed)", file=sys.stderr)
         sys.exit(1)
-    from ._core._runner import open_runner
-    from ._launch._agent import main
+    from ._runner._agent import main
 
-    sys.exit(main(open_runner, config))
+    sys.exit(main(config))

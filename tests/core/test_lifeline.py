@@ -258,7 +258,7 @@ def test_a_child_still_on_its_way_to_exec_when_the_launcher_dies_is_found(tag: s
     # the lifeline's marker: a launcher killed in that window must not leave it
     # alive once it has exec'd.  Played out slowly here: a process that shows no
     # marker for 0.3 s and then execs into one that carries it.
-    from corral._core._lifeline import Lifeline
+    from corral._sys._lifeline import Lifeline
 
     lifeline = Lifeline()
     lifeline.start()

@@ -18,10 +18,12 @@ import pytest
 
 import corral
 from corral import _checks
-from corral._core._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions
+from corral._core._options import ProcessOptions, StartOptions
 from corral._launch import _link
 from corral._launch._link import AgentConfig
-from corral._launch._options import LaunchOptions, LaunchSpec
+from corral._launch._plan import make_plan
+from corral._runner._options import RunnerOptions, RunnerSpec
+from corral._scaleout import LaunchOptions, LaunchSpec
 
 
 @pytest.mark.parametrize(
@@ -253,7 +255,7 @@ async def test_each_host_s_job_and_agent_get_the_checked_options() -> None:
         host_log_dir=Path("/tmp/agent-logs"),
         master_port=29400,
     )
-    plan = await spec.plan(default_grace=2.5)
+    plan = await make_plan(spec, default_grace=2.5)
     assert (plan.hosts, plan.counts, plan.firsts, plan.world_size) == (
         ["a.invalid", "b.invalid"],
         [2, 3],

@@ -323,7 +323,7 @@ def test_ctrl_c_at_any_point_of_entry_and_exit_is_safe(backend: str, tmp_path: P
 
 WINDOW = """
 import os, signal, sys
-import anyio, corral, corral._core._lifeline
+import anyio, corral, corral._sys._lifeline
 
 tag = sys.argv[2]
 # Die exactly in the window between the spawn and its registration: the child
@@ -332,7 +332,7 @@ def die(self, number, pgid):
     print("spawned", pgid, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
-corral._core._lifeline.Lifeline.spawned = die
+corral._sys._lifeline.Lifeline.spawned = die
 
 async def main():
     async with corral.open_runner(console=False) as r:

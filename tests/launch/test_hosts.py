@@ -316,7 +316,8 @@ def test_a_signal_can_reach_the_tasks_without_killing_them(
 
 def test_ssh_is_asked_only_about_names_this_machine_cannot_resolve(tmp_path: Path) -> None:
     """``ssh -G`` once per unresolvable host, never for one the route lookup knows."""
-    from corral._launch._hosts import SSH, dial_back_addresses
+    from corral._launch._hosts import dial_back_addresses
+    from corral._scaleout import SSH
 
     # The real ssh client, with a configuration that notes each host it is asked about.
     calls = tmp_path / "calls"

@@ -334,7 +334,7 @@ async def test_local_extra_env_sets_and_removes(tag: str, monkeypatch: pytest.Mo
     env = results[0]["env"]
     assert env["CORRALTEST_KEEP"] == "kept"
     assert env["CORRALTEST_NEW"] == "new"
-    # BUG (src/corral/_launch/_options.py, the plan): for hosts=None the None entries of
+    # BUG (src/corral/_launch/_plan.py): for hosts=None the None entries of
     # extra_env are dropped instead of passed on, so the variable is inherited.
     assert env.get("CORRALTEST_DROP") is None
 
@@ -673,7 +673,7 @@ async def test_an_ssh_option_that_is_not_utf8_gets_ssh_s_own_message() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_too_many_workers_for_a_command_fails_before_anything_starts() -> None:
-    from corral._launch._hosts import MAX_WORKERS_PER_HOST
+    from corral._scaleout import MAX_WORKERS_PER_HOST
 
     assert MAX_WORKERS_PER_HOST == 4096  # the documented maximum
     async with corral.open_runner(name="bad", console=False) as r:

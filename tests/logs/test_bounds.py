@@ -32,8 +32,8 @@ from tests.monitor.test_monitor import LOOPBACK, MonitorClient, monitored
 from tests.programs import program
 
 import corral
+from corral._core._pipes import CHUNK, STREAM_BUFFER
 from corral._logs._collector import DEFAULT_MAX_BYTES
-from corral._logs._pipes import CHUNK, STREAM_BUFFER
 from corral._logs._router import MAX_LINE
 from corral._logs._server import MAX_REFUSALS_REPORTED
 from corral._logs._sources import (

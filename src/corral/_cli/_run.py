@@ -14,8 +14,8 @@ import anyio
 import click
 
 from .._checks import is_text
-from .._launch._hosts import MAX_WORKERS, workers_here
-from .._launch._link import DEFAULT_LINK_TIMEOUT
+from .._launch._hosts import workers_here
+from .._scaleout import DEFAULT_LINK_TIMEOUT, MAX_WORKERS
 from ._group import (
     CONTEXT,
     MAX_COPIES,
@@ -393,7 +393,8 @@ def _ssh(
     options: tuple[str, ...],
 ) -> SSH:
     """How to reach the hosts, checked now; for ``--hosts slurm``, the allocation's nodes."""
-    from .._launch._hosts import SSH, slurm_hosts
+    from .._launch._hosts import slurm_hosts
+    from .._scaleout import SSH
 
     ssh = SSH(user=user, identity_file=identity, options=tuple(options))
     if isinstance(host_list, list):

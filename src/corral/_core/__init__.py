@@ -1,16 +1,17 @@
-"""The core: a runner owns child processes as a nursery owns tasks.
+"""The core: one child process and its supervision, the floor everything else stands on.
 
-``_runner`` (the :class:`Runner`, its public API), ``_children`` (how a child
-is started, named and observed), ``_scope`` (its entry and
-exit: the task group and the services that live as long as it),
-``_options`` (what a start takes), ``_process`` (the :class:`Process`
-handle), ``_supervisor`` (the machinery behind it: each run's core and
-watch, stops, restarts), ``_run`` (one run of a child: its pipes, its
-streams), ``_stdio`` (what a child's streams are connected to), ``_spawn``
-(one child's options checked, its descriptors and environment made),
-``_handshake`` (the start-up report), ``_signals`` (signals fanned out to
-every child), ``_lifeline`` (a helper that kills every child if the
-launcher dies) and ``_token`` (the loop token).
+What it takes to start one child and never lose it: the start options
+checked once (``_options``; ``_stdio``, what its streams are connected to),
+the spawn (``_spawn``: its descriptors, its environment), the loop side of
+its pipes (``_pipes``), the start-up report (``_handshake``), the
+supervisor that watches it until it is reaped (``_supervisor``, one run of
+it at a time: ``_run``), the :class:`Process` handle its owner holds
+(``_process``), the fan-out of stop signals to every child (``_signals``),
+the loop token (``_token``) and what each child costs (``_usage``).
 
-Public face: _runner, _process, _options, _stdio, _token
+It knows nothing of runners, launches or monitors: those stand on it (the
+runner, :mod:`corral._runner`, is the floor on top that puts them together).
+
+Public face: _options, _stdio, _process, _token, _spawn, _supervisor, _signals, _usage, _run,
+_pipes
 """

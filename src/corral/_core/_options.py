@@ -1,31 +1,24 @@
-"""The options of a runner and of a start: what :func:`open_runner` and :meth:`Runner.start` take.
+"""The options of a start: what :meth:`Runner.start` and :meth:`Runner.run` take.
 
-Each set is spelled once, as the fields of a dataclass (names, types,
-defaults): :class:`RunnerSpec` for :func:`open_runner`, :class:`Runner`,
-:func:`open_runner_sync` and :func:`corral.launch`, :class:`ProcessOptions`
-for :meth:`Runner.start` and :meth:`Runner.run` and their blocking twins.
-Beside each stands its :class:`typing.TypedDict` for type checkers
-(``**options: Unpack[RunnerOptions]``, ``Unpack[StartOptions]``), which
+They are spelled once, as the fields of a dataclass (names, types, defaults):
+:class:`ProcessOptions`, for :meth:`Runner.start` and :meth:`Runner.run` and
+their blocking twins.  Beside it stands its :class:`typing.TypedDict` for type
+checkers (``**options: Unpack[StartOptions]``), which
 ``tests/core/test_options.py`` keeps in step with it; and
 :func:`corral._checks.with_keywords` shows the fields in every signature.
-What each means is in :func:`open_runner`'s and :meth:`Runner.start`'s
-docstrings.
+What each means is in :meth:`Runner.start`'s docstring.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import random
-import signal
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, TypedDict
 
 from .._checks import check_grace, check_keywords
-from .._launch._options import LaunchKeywords
-from .._logs._router import Route
 from ._stdio import DEVNULL, LOG, LogOption
 
 __all__ = [
@@ -35,9 +28,6 @@ __all__ = [
     "ProcessOptions",
     "Restart",
     "RestartPolicy",
-    "RunnerLaunchOptions",
-    "RunnerOptions",
-    "RunnerSpec",
     "StartOptions",
     "StrOrPath",
 ]
@@ -50,74 +40,6 @@ Restart = Literal["never", "on-failure", "always"]
 
 #: A restart policy's delay never grows beyond this many seconds.
 MAX_BACKOFF = 30.0
-
-
-class RunnerOptions(TypedDict, total=False):
-    """The keywords of :func:`open_runner`, as a :class:`typing.TypedDict`.
-
-    :func:`open_runner`, :class:`Runner`, :func:`open_runner_sync` and
-    :func:`corral.launch` take them all (``**options: Unpack[RunnerOptions]``),
-    and so may code that passes them on::
-
-        def my_runner(**options: Unpack[corral.RunnerOptions]) -> corral.Runner:
-            return corral.open_runner(name="app", **options)
-
-    Every key is optional; :func:`open_runner` says what each means.  (Its
-    defaults are those of corral's own ``RunnerSpec``, which
-    ``tests/core/test_options.py`` keeps in step with it.)
-    """
-
-    name: str
-    grace: float
-    stop_signal: int
-    console: bool
-    handlers: Sequence[logging.Handler | Route]
-    log_dir: StrOrPath | None
-    propagate: bool
-    handle_signals: bool | None
-    monitor: str | bool | None
-    contain: bool
-    subreaper: bool
-    usage: bool
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunnerSpec:
-    """What a runner was asked for: the keywords of :func:`open_runner`, with their defaults.
-
-    Not checked yet: the :class:`Runner` checks each value.
-    """
-
-    name: str = "corral"
-    grace: float = 5.0
-    stop_signal: int = signal.SIGTERM
-    console: bool = True
-    handlers: Sequence[logging.Handler | Route] = ()
-    log_dir: StrOrPath | None = None
-    propagate: bool = False
-    handle_signals: bool | None = None
-    monitor: str | bool | None = None
-    contain: bool = True
-    subreaper: bool = False
-    usage: bool = True
-
-    @classmethod
-    def of(cls, options: Mapping[str, Any], what: str) -> RunnerSpec:
-        """From a call's keywords; an unknown one is a ``TypeError``, as for any call."""
-        check_keywords(options, _RUNNER_FIELDS, what)
-        return cls(**options)
-
-
-_RUNNER_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(RunnerSpec))
-
-
-class RunnerLaunchOptions(RunnerOptions, LaunchKeywords, total=False):
-    """The keywords of :func:`corral.launch`, as a :class:`typing.TypedDict`.
-
-    Those of :func:`open_runner` (a :class:`RunnerOptions`) and those of
-    :meth:`Runner.launch` (a :class:`LaunchOptions`), with ``grace`` once: the
-    runner's, a number of seconds, which the launch inherits.
-    """
 
 
 class StartOptions(TypedDict, total=False):

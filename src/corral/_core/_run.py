@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .._errors import STDERR_TAIL_BYTES
-from .._logs._pipes import BufferedReceiveStream, PipeReader, PipeReceiveStream, PipeSendStream
 from ._handshake import HandshakeReader
+from ._pipes import BufferedReceiveStream, PipeReader, PipeReceiveStream, PipeSendStream
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream

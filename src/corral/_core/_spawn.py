@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, TypeVar
 from .._checks import check_argv
 from .._errors import ResourceLimitError
 from .._sys import _childenv, _platform
+from .._sys._lifeline import Lifeline
 from . import _handshake
-from ._lifeline import Lifeline
 from ._stdio import Plan, plan_input, plan_output
 
 if TYPE_CHECKING:

@@ -1,10 +1,11 @@
-"""The agent: the part of a launch that runs on each remote host, ``python -m corral._agent``.
+"""The agent's side of a launch on a remote host (``python -m corral._agent``).
 
-Started over ssh or srun, it runs its host's workers
-(:class:`~corral._launch._workers.HostWorkers`) and:
+The agent process (:mod:`corral._runner._agent`) is a corral runner of its
+own, so every promise of a runner holds there too (process groups, stops
+with grace, a lifeline of its own); it runs its host's workers
+(:class:`~corral._launch._workers.HostWorkers`) in it.  What it does for the
+launcher is here; it:
 
-* is a corral runner itself, so every promise of the core holds there too
-  (process groups, stops with grace, a lifeline of its own);
 * dials back to the launcher and authenticates (:mod:`corral._launch._link`), then
   does what the launcher asks (a :class:`~corral._launch._link.Job`, a
   :class:`~corral._launch._link.Stop`);
@@ -30,11 +31,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import sys
 from collections.abc import Callable, Coroutine
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -46,11 +44,9 @@ from .._logs._sources import Source
 from .._logs._wire import Record
 from .._sys._proc import INTERVAL, TreeSampler
 from . import _link
-from ._context import StartFn
-from ._hosts import free_port
 from ._workers import HostWorkers
 
-__all__ = ["ForwardSink", "main"]
+__all__ = ["CLIENT_GONE", "AgentExit", "AgentLink", "ForwardSink", "obey"]
 
 
 # -- forwarding the agent's logs over the link ------------------------------------------------
@@ -109,7 +105,7 @@ class ForwardSink(BlockSink):
 # -- the agent process ------------------------------------------------------------------------
 
 
-class _Link(_link.Link):
+class AgentLink(_link.Link):
     """The agent's side of the link, as the reporter of its workers.
 
     A report that cannot be sent is dropped: the link is gone, and the agent
@@ -138,20 +134,7 @@ class _Link(_link.Link):
         await self._report(message)
 
 
-class AgentRunner(Protocol):
-    """What an agent needs of its runner (a :class:`~corral.Runner` is one)."""
-
-    @property
-    def start(self) -> StartFn: ...
-
-    def cancel(self) -> None: ...
-
-
-#: Opens the agent's runner: :func:`corral.open_runner`.
-OpenRunner = Callable[..., AbstractAsyncContextManager[AgentRunner]]
-
-
-class _AgentExit(Exception):
+class AgentExit(Exception):
     """The agent cannot go on; the message says why (for its stderr)."""
 
 
@@ -159,71 +142,7 @@ class _AgentExit(Exception):
 CLIENT_GONE = "its ssh client is gone (standard input closed) before the agent could dial back"
 
 
-async def _serve(config: _link.AgentConfig, open_runner: OpenRunner) -> None:
-    index = config.index if config.index >= 0 else int(os.environ.get("SLURM_NODEID", "0"))
-    host = config.host or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    name = f"agent-{index}"
-    if config.watch_stdin and _link.stdin_closed():
-        # The launcher killed the ssh client (a Ctrl-C during the start) while
-        # this agent was starting: nobody is there to serve.
-        raise _AgentExit(CLIENT_GONE)
-    with anyio.move_on_after(config.start_timeout) as dialing:
-        try:
-            stream = await anyio.connect_tcp(config.address, config.port)
-        except OSError as exc:
-            raise _AgentExit(
-                f"cannot dial back to the launcher at {config.address}:{config.port}: {exc}"
-            ) from None
-    if dialing.cancelled_caught:
-        raise _AgentExit(
-            f"cannot dial back to the launcher at {config.address}:{config.port}: "
-            f"no answer within {config.start_timeout:g} s (start_timeout)"
-        )
-    lost: str | None = None
-    async with stream:
-        link = _Link(stream, config.link_timeout)
-        # The hello first, at once: the launcher gives a connection only a
-        # few seconds to say who it is.
-        try:
-            await link.send(
-                _link.AgentHello(_link.LINK_VERSION, config.secret, index, host, os.getpid())
-            )
-        except _link.LinkLost as exc:
-            raise _AgentExit(f"the launcher {exc.reason}") from None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(link.beat)
-            forward = ForwardSink(name, link.send)
-            forward.setLevel(config.log_level)
-            routes: list[Any] = [forward]
-            async with open_runner(
-                name=name,
-                console=False,
-                handlers=routes,
-                log_dir=config.host_log_dir,
-                handle_signals=True,
-                # The agent owns its process: what its workers orphan is its own.
-                subreaper=True,
-                usage=False,  # the agent samples its workers itself (_report_usage)
-            ) as runner:
-                port = free_port("") if index == 0 else 0
-                try:
-                    await link.send(_link.Ready(port))
-                except _link.LinkLost as exc:
-                    raise _AgentExit(f"the launcher {exc.reason}") from None
-                workers = HostWorkers(
-                    runner.start, host=index, prefix="", python=config.python or sys.executable
-                )
-                lost = await _obey(link, workers, config)
-                if lost is not None:
-                    runner.cancel()
-            tg.cancel_scope.cancel()
-        # Every message is sent: end the link without losing one (see _link).
-        await link.close()
-    if lost is not None:
-        raise _AgentExit(f"the launcher {lost}; stopped the workers")
-
-
-async def _obey(link: _Link, workers: HostWorkers, config: _link.AgentConfig) -> str | None:
+async def obey(link: AgentLink, workers: HostWorkers, config: _link.AgentConfig) -> str | None:
     """Do what the launcher says until the work is done; why the link was lost, if it was."""
     done = anyio.Event()
     grace = 5.0  # until a job says otherwise
@@ -294,7 +213,7 @@ async def _obey(link: _Link, workers: HostWorkers, config: _link.AgentConfig) ->
     return lost
 
 
-async def _report_usage(link: _Link, workers: HostWorkers) -> None:
+async def _report_usage(link: AgentLink, workers: HostWorkers) -> None:
     """Send what each running worker costs, every :data:`INTERVAL` seconds, until cancelled."""
     sampler = TreeSampler()
     limiter = anyio.CapacityLimiter(1)
@@ -320,23 +239,3 @@ async def _report_usage(link: _Link, workers: HostWorkers) -> None:
         # Until the next tick, which may be due already: the send may have waited
         # (behind a large frame, on a slow link) for longer than the interval.
         await anyio.sleep_until(began + INTERVAL)
-
-
-def main(open_runner: OpenRunner, config: _link.AgentConfig) -> int:
-    """The agent's process: serve the launcher with ``config``; the exit code.
-
-    ``open_runner`` is :func:`corral.open_runner`, and ``config`` what
-    :func:`corral._launch._link.read_config` read (the entry point, ``python
-    -m corral._agent``, passes both).
-    """
-    try:
-        anyio.run(_serve, config, open_runner)
-    except BaseException as exc:  # the link gone, a signal...: say so, exit non-zero
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # out of the task groups it crossed
-        if isinstance(exc, _AgentExit):
-            print(f"corral agent: {exc}", file=sys.stderr)
-            return 1
-        print(f"corral agent: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    return 0

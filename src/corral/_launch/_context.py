@@ -1,75 +1,34 @@
 """What a launch needs of the runner it runs in: a way to start children, and its log service.
 
-A launch does not know :class:`~corral.Runner`: :meth:`Runner.launch` hands
-it a :class:`LaunchContext`, and the agent on a remote host builds one from a
-runner of its own.  So the launch machinery sits below the core, and is
-loaded only when a launch begins.
+A launch does not know :class:`~corral.Runner`, which stands on top of it:
+:meth:`Runner.launch` hands it a :class:`LaunchContext` (its ``start``, its log
+service), and the children it starts are :class:`~corral.Process` objects
+of the core, below it.  The launch machinery is loaded only when a launch
+begins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Unpack
 
 if TYPE_CHECKING:
-    from anyio.abc import ByteSendStream
-
+    from .._core._options import StartOptions, StrOrPath
+    from .._core._process import Process
     from .._logs._wire import Record
     from .._sys._proc import ResourceUsage
 
-__all__ = ["LaunchContext", "LogForwarder", "StartFn", "UsageSink", "WorkerProcess"]
-
-
-class WorkerProcess(Protocol):
-    """What a launch reads and does of a child it started (a :class:`~corral.Process` is one)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def args(self) -> list[str]: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    @property
-    def stdin(self) -> ByteSendStream | None: ...
-
-    @property
-    def stderr_tail(self) -> bytes: ...
-
-    @property
-    def duration(self) -> float | None: ...
-
-    async def wait(self) -> int: ...
-
-    async def stop(self, grace: float | None = None) -> int: ...
-
-    def send_signal(self, signal: int) -> None: ...
-
-    def kill(self) -> None: ...
+__all__ = ["LaunchContext", "LogForwarder", "StartFn", "UsageSink"]
 
 
 class StartFn(Protocol):
     """Start one child as :meth:`Runner.start` does (a runner's bound ``start`` is one)."""
 
     def __call__(
-        self,
-        argv: Sequence[str],
-        *,
-        name: str | None = ...,
-        extra_env: Mapping[str, str | None] | None = ...,
-        cwd: str | None = ...,
-        check: bool = ...,
-        grace: float | None = ...,
-        stdin: int = ...,
-        pass_fds: Collection[int] = ...,
-        start_new_session: bool = ...,
-    ) -> Awaitable[WorkerProcess]: ...
+        self, argv: Sequence[StrOrPath], /, **options: Unpack[StartOptions]
+    ) -> Awaitable[Process]:
+        """Start ``argv`` with ``options``; the :class:`~corral.Process`, once it runs."""
 
 
 class LogForwarder(Protocol):

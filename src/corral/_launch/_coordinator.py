@@ -15,7 +15,7 @@ import anyio.to_thread
 from .._errors import LaunchError, RemoteTraceback, WorkerFailed, signal_name
 from .._results import CompletedProcess, LaunchResult
 from . import _link
-from ._options import Plan
+from ._plan import Plan
 
 __all__ = ["Coordinator", "Failure"]
 

@@ -27,23 +27,17 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import shlex
-import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
 from .._errors import LaunchError
+from .._scaleout import SSH
 
 __all__ = [
     "DEFAULT_ENV_PATTERNS",
     "HOST_ENV_NAMES",
-    "MAX_WORKERS",
-    "MAX_WORKERS_PER_HOST",
-    "SSH",
     "cpus_available",
     "dial_back_addresses",
     "environment_for_hosts",
@@ -55,13 +49,6 @@ __all__ = [
     "visible_gpus",
     "workers_here",
 ]
-
-#: The most workers of a launch on one host (``workers_per_host``; the
-#: command line's ``-n`` and ``-c``): each is a process there, with its
-#: descriptors here.
-MAX_WORKERS_PER_HOST: Final = 4096
-#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
-MAX_WORKERS: Final = 65536
 
 #: The variables of the launcher that describe its own host, login, session
 #: or terminal (shell-style globs): never forwarded to other hosts, which have
@@ -119,64 +106,6 @@ DEFAULT_ENV_PATTERNS: Final[tuple[str, ...]] = (
     "WANDB_*",
     "MLFLOW_*",
 )
-
-
-@dataclass(frozen=True)
-class SSH:
-    """How to reach remote hosts with the OpenSSH client.
-
-    Attributes:
-        user: the remote user (``ssh -l``); the client's default if ``None``.
-        port: the remote port (``ssh -p``).
-        identity_file: a private key (``ssh -i``); checked to be readable
-            before anything starts.
-        options: more ``ssh`` arguments, e.g. ``("-o", "ConnectTimeout=5")``;
-            they come before corral's own, and ssh takes the first value it
-            sees for an option.
-        python: the Python interpreter on the remote hosts; defaults to the
-            launcher's own (:data:`sys.executable`), as on a cluster with a
-            shared file system.
-        cwd: the remote working directory; defaults to the launcher's.
-        executable: the ssh client to run.
-    """
-
-    user: str | None = None
-    port: int | None = None
-    identity_file: str | os.PathLike[str] | None = None
-    options: Sequence[str] = field(default_factory=tuple)
-    python: str | None = None
-    cwd: str | os.PathLike[str] | None = None
-    executable: str = "ssh"
-
-    def check(self) -> None:
-        """Raise a clear error now for what would make every connection fail later."""
-        if self.identity_file is not None:
-            path = os.fspath(self.identity_file)
-            if not os.access(path, os.R_OK):
-                raise FileNotFoundError(f"the ssh identity file {path!r} cannot be read")
-        if self.port is not None and not (0 < int(self.port) < 65536):
-            raise ValueError(f"ssh port {self.port!r} is not a port number")
-        if isinstance(self.options, str):
-            raise TypeError("SSH.options is a sequence of arguments, not one string")
-        if shutil.which(self.executable) is None:
-            raise FileNotFoundError(f"the ssh client {self.executable!r} is not installed")
-
-    def argv(self, host: str, command: Sequence[str]) -> list[str]:
-        """The ``ssh`` command line that runs ``command`` on ``host``."""
-        argv = [self.executable, *self.options, "-o", "BatchMode=yes", "-T"]
-        if self.port is not None:
-            argv += ["-p", str(self.port)]
-        if self.identity_file is not None:
-            argv += ["-i", os.fspath(self.identity_file)]
-        if self.user is not None:
-            argv += ["-l", self.user]
-        cwd = os.fspath(self.cwd) if self.cwd is not None else os.getcwd()
-        remote = f"cd {shlex.quote(cwd)} && exec {shlex.join(command)}"
-        return [*argv, "--", host, remote]
-
-    @property
-    def remote_python(self) -> str:
-        return self.python or sys.executable
 
 
 def environment_for_hosts(

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
@@ -59,9 +58,10 @@ import anyio.to_thread
 
 from .._errors import LaunchError
 from .._results import LaunchResult
+from .._scaleout import LaunchSpec
 from ._coordinator import Coordinator
 from ._hosts import free_port
-from ._options import LaunchSpec, Plan
+from ._plan import Plan, make_plan
 from ._remote import launch_remote
 from ._source import pickle_job
 from ._workers import HostWorkers
@@ -69,35 +69,9 @@ from ._workers import HostWorkers
 if TYPE_CHECKING:
     from ._context import LaunchContext
 
-__all__ = ["launch", "protected_modules"]
+__all__ = ["launch"]
 
 T = TypeVar("T")
-
-
-#: The modules of a launch whose code runs on the launcher's loop (not ``_worker``'s).
-_LOOP_MODULES = (
-    "_agent",
-    "_context",
-    "_coordinator",
-    "_hosts",
-    "_launcher",
-    "_link",
-    "_options",
-    "_remote",
-    "_source",
-    "_torchenv",
-    "_workers",
-)
-
-
-def protected_modules() -> list[ModuleType]:
-    """The modules of a launch that are loaded: KeyboardInterrupt-protected on Trio.
-
-    (See :func:`corral._sys._backend.protect_on_trio`: the runner protects
-    them when a launch begins, once they are loaded.)
-    """
-    names = [f"{__package__}.{name}" for name in _LOOP_MODULES]
-    return [sys.modules[name] for name in names if name in sys.modules]
 
 
 async def launch(
@@ -109,7 +83,7 @@ async def launch(
     argv: Sequence[str] | None = None,
 ) -> LaunchResult[T]:
     """Run ``func(*args)``, or the command ``argv``, on the workers of ``spec``, in ``ctx``."""
-    plan = await spec.plan(ctx.grace, argv)
+    plan = await make_plan(spec, ctx.grace, argv)
     for notice in plan.notices:
         ctx.logs.warn(notice)
     if argv is not None:

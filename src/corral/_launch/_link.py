@@ -23,7 +23,7 @@ traffic does not notice a pulled cable, so once the hello is accepted each
 side sends a :class:`Heartbeat` every ``link_timeout / 4`` seconds
 (:func:`heartbeat_interval`), and each side counts the link as cut when it
 has been waiting for ``link_timeout`` seconds (5 s by default,
-:data:`DEFAULT_LINK_TIMEOUT`; ``link_timeout=`` of :meth:`Runner.launch`)
+:data:`~corral._scaleout.DEFAULT_LINK_TIMEOUT`; ``link_timeout=`` of :meth:`Runner.launch`)
 without a single byte arriving.  (Bytes, not frames: a large frame that is
 still arriving keeps the link alive.  Time spent handling what arrived does
 not count: a side that is busy is not silent.)  A link that is cut, closed or
@@ -110,7 +110,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_ENV",
-    "DEFAULT_LINK_TIMEOUT",
     "HELLO_TIMEOUT",
     "LINK_VERSION",
     "MAX_HELLO",
@@ -162,9 +161,6 @@ HELLO_TIMEOUT: Final = 5.0
 #: Connections of a launch listener that may wait for their hello at once; to
 #: accept another, the one that has waited longest is closed.
 MAX_PENDING_HELLOS: Final = 64
-
-#: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
-DEFAULT_LINK_TIMEOUT: Final = 5.0
 
 #: Heartbeats each side sends per ``link_timeout``.
 BEATS_PER_TIMEOUT: Final = 4
@@ -557,7 +553,7 @@ class AgentConfig(msgspec.Struct, frozen=True):
     address: str
     port: int
     # The launch's options the agent keeps, as the launcher checked them: each named as
-    # its option, which gives it its value (corral._launch._options.Plan.agent_config).
+    # its option, which gives it its value (corral._launch._plan.Plan.agent_config).
     start_timeout: float  # to dial back
     link_timeout: float
     log_level: int

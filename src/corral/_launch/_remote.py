@@ -19,10 +19,11 @@ from . import _link
 from ._coordinator import Coordinator
 from ._hosts import dial_back_addresses
 from ._link import CONFIG_ENV
-from ._options import Plan
+from ._plan import Plan
 
 if TYPE_CHECKING:
-    from ._context import LaunchContext, WorkerProcess
+    from .._core._process import Process
+    from ._context import LaunchContext
 
 __all__ = ["COMMAND_EXIT_WAIT", "COMMAND_EXIT_WAIT_STOPPED", "STOP_SLACK", "launch_remote"]
 
@@ -65,7 +66,7 @@ class _Remote:
         self.agents: dict[int, _AgentConnection] = {}
         self.all_connected = anyio.Event()
         #: Each agent's command (an ssh client; or one srun for them all) and its agents.
-        self.commands: list[tuple[WorkerProcess, list[int]]] = []
+        self.commands: list[tuple[Process, list[int]]] = []
         self.closing = False  # the launch is ending: no more agents are heard
         #: Connections waiting for their hello, oldest first (see _link.MAX_PENDING_HELLOS).
         self._hellos: dict[anyio.CancelScope, None] = {}
@@ -277,7 +278,7 @@ class _Remote:
         with anyio.CancelScope(deadline=deadline) as timer:
             async with anyio.create_task_group() as tg:
 
-                async def watch(proc: WorkerProcess, indices: list[int]) -> None:
+                async def watch(proc: Process, indices: list[int]) -> None:
                     nonlocal failure
                     await proc.wait()
                     if failure is None and not all(self._is_ready(i) for i in indices):
@@ -305,7 +306,7 @@ class _Remote:
         if timer.cancelled_caught:
             raise LaunchError(self._not_started())
 
-    def _exited_early(self, proc: WorkerProcess, indices: list[int]) -> LaunchError:
+    def _exited_early(self, proc: Process, indices: list[int]) -> LaunchError:
         which = proc.name.removesuffix(".ssh")
         where = f" on {self.plan.hosts[indices[0]]}" if len(indices) == 1 else ""
         tail = proc.stderr_tail.decode("utf-8", "replace").strip()
@@ -447,7 +448,7 @@ async def _until_finished(agent: _AgentConnection, patience: float) -> bool:
     return True
 
 
-def _program(proc: WorkerProcess) -> str:
+def _program(proc: Process) -> str:
     """The agent command's program (ssh, srun), past the shell that starts ssh."""
     args = proc.args
     return args[3] if args[:2] == ["/bin/sh", "-c"] and len(args) > 3 else args[0]

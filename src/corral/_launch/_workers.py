@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import anyio
 import anyio.to_thread
 
-from .._logs._pipes import PipeReceiveStream
+from .._core._pipes import PipeReceiveStream
 from .._logs._wire import FrameDecoder, WireError
 from . import _link
 from ._torchenv import ErrorFiles, worker_variables
 
 if TYPE_CHECKING:
-    from ._context import StartFn, WorkerProcess
+    from .._core._process import Process
+    from ._context import StartFn
 
 __all__ = ["HostWorkers", "Reporter"]
 
@@ -68,13 +69,13 @@ class HostWorkers:
         self._prefix = prefix
         self._python = python
         self._cwd = cwd
-        self._procs: list[WorkerProcess] = []
+        self._procs: list[Process] = []
         self._stopping: float | None = None  # the grace of a stop under way
         self._stop_signal = 0  # and what it sends first (0: each worker's stop signal)
         self._errors = ErrorFiles(scratch)
 
     @property
-    def processes(self) -> list[WorkerProcess]:
+    def processes(self) -> list[Process]:
         return list(self._procs)
 
     async def run(self, job: _link.Job, reporter: Reporter) -> None:
@@ -128,7 +129,7 @@ class HostWorkers:
                         tg.start_soon(self._hasten, proc, grace)
 
     @classmethod
-    async def _stop_one(cls, proc: WorkerProcess, grace: float, signum: int) -> None:
+    async def _stop_one(cls, proc: Process, grace: float, signum: int) -> None:
         if not signum:
             await proc.stop(grace)
             return
@@ -139,7 +140,7 @@ class HostWorkers:
         await cls._hasten(proc, grace)
 
     @staticmethod
-    async def _hasten(proc: WorkerProcess, grace: float) -> None:
+    async def _hasten(proc: Process, grace: float) -> None:
         """A stop of ``proc`` is under way: SIGKILL it if it still runs ``grace`` s from now."""
         with anyio.move_on_after(grace):
             await proc.wait()
@@ -153,8 +154,8 @@ class HostWorkers:
         env.update(worker_variables(job, local_rank, self._errors.path(local_rank)))
         return env
 
-    async def _start_command(self, job: _link.Job, local_rank: int) -> WorkerProcess:
-        proc: WorkerProcess = await self._start_child(
+    async def _start_command(self, job: _link.Job, local_rank: int) -> Process:
+        proc: Process = await self._start_child(
             job.argv,
             name=f"{self._prefix}worker-{local_rank}",
             extra_env=self._environment(job, local_rank),
@@ -165,7 +166,7 @@ class HostWorkers:
         )
         return proc
 
-    async def _report_exit(self, proc: WorkerProcess, local_rank: int, reporter: Reporter) -> None:
+    async def _report_exit(self, proc: Process, local_rank: int, reporter: Reporter) -> None:
         code = await proc.wait()
         error, traceback = "", ""
         if code != 0:
@@ -178,9 +179,7 @@ class HostWorkers:
             ),
         )
 
-    async def _start(
-        self, job: _link.Job, local_rank: int
-    ) -> tuple[WorkerProcess, PipeReceiveStream]:
+    async def _start(self, job: _link.Job, local_rank: int) -> tuple[Process, PipeReceiveStream]:
         read_end, write_end = os.pipe()
         try:
             env = self._environment(job, local_rank)
@@ -205,7 +204,7 @@ class HostWorkers:
 
     async def _supervise(
         self,
-        proc: WorkerProcess,
+        proc: Process,
         results: PipeReceiveStream,
         local_rank: int,
         payload: bytes,
@@ -216,7 +215,7 @@ class HostWorkers:
             tg.start_soon(self._read_outcome, proc, results, reporter)
         await self._report_exit(proc, local_rank, reporter)
 
-    async def _feed(self, proc: WorkerProcess, payload: bytes) -> None:
+    async def _feed(self, proc: Process, payload: bytes) -> None:
         stdin = proc.stdin
         assert stdin is not None
         try:
@@ -227,7 +226,7 @@ class HostWorkers:
             await stdin.aclose()
 
     async def _read_outcome(
-        self, proc: WorkerProcess, results: PipeReceiveStream, reporter: Reporter
+        self, proc: Process, results: PipeReceiveStream, reporter: Reporter
     ) -> None:
         decoder = FrameDecoder(_link.MAX_LINK_FRAME, _link.decoder())
 

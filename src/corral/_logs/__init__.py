@@ -4,8 +4,9 @@ In the order a line travels: ``_wire`` (the frame format of log connections)
 and ``_child_logging`` (the child's handler) are the child side, standard
 library and msgspec only; then ``_records`` (the factory of
 :class:`logging.LogRecord` objects and the formatting helpers), ``_chunks``
-(what producers queue: :class:`Chunk` and its :class:`StreamState`),
-``_pipes`` (reading a child's pipes), ``_server`` (the runner's log socket),
+(what producers queue: :class:`Chunk` and its :class:`StreamState`; a
+child's pipes are read into them by :mod:`corral._core._pipes`), ``_server``
+(the runner's log socket),
 ``_collector`` (the bounded hand-off to one worker thread), ``_router``
 (blocks into lines and records, routes), ``_sinks`` and ``_console``
 (corral's own destinations: files, the console; ``_terminal`` is what the
@@ -13,6 +14,6 @@ console lets through to a terminal), ``_sources`` (sources,
 their backlogs, live tails) and ``_hub`` (one runner's log service, which
 owns the rest).
 
-Public face: _wire, _child_logging, _records, _pipes, _router, _sinks, _console, _sources,
-_hub, _terminal
+Public face: _wire, _child_logging, _records, _chunks, _collector, _router, _sinks, _console,
+_sources, _hub, _terminal
 """

@@ -1,6 +1,6 @@
 """What the log path's producers queue for the worker: :class:`Chunk` and its :class:`StreamState`.
 
-Producers — the pipe readers (:mod:`corral._logs._pipes`), the log server
+Producers — the pipe readers (:mod:`corral._core._pipes`), the log server
 (:mod:`corral._logs._server`), the hub's own records and what agents forward
 (:mod:`corral._logs._hub`) — make these on the loop; the collector hands
 them to the worker thread, where the router (:mod:`corral._logs._router`)

@@ -3,7 +3,7 @@
 The path a line takes reads top-down through the modules:
 
 1. a child writes to its stdout or stderr pipe, or sends a record over the
-   runner's log socket (:mod:`corral._logs._pipes`, :mod:`corral._logs._server`);
+   runner's log socket (:mod:`corral._core._pipes`, :mod:`corral._logs._server`);
 2. the loop reads whole blocks and queues them, bounded, in the collector
    (:mod:`corral._logs._collector`), which hands them to one worker thread in
    batches;
@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar, TypeVarTuple
 
 import anyio
@@ -45,7 +43,7 @@ from ._sources import Backlogs, Source
 if TYPE_CHECKING:
     from ._wire import Record
 
-__all__ = ["Forwarder", "LogHub", "protected_modules", "routes_of"]
+__all__ = ["Forwarder", "LogHub", "routes_of"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -322,38 +320,6 @@ def _make_run_folder(log_dir: str, runner_name: str) -> str:
             path = f"{base}-{n}"
             continue
         return path
-
-
-def protected_modules() -> list[ModuleType]:
-    """The modules of the log path run on the loop: KeyboardInterrupt-protected on Trio.
-
-    (See :func:`corral._sys._backend.protect_on_trio`; the runner protects them
-    with its own.)
-    """
-    from . import (
-        _chunks,
-        _collector,
-        _console,
-        _pipes,
-        _records,
-        _router,
-        _server,
-        _sinks,
-        _sources,
-    )
-
-    return [
-        sys.modules[__name__],
-        _chunks,
-        _collector,
-        _console,
-        _pipes,
-        _records,
-        _router,
-        _server,
-        _sinks,
-        _sources,
-    ]
 
 
 def routes_of(handlers: object) -> list[Route]:

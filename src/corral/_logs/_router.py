@@ -1,7 +1,7 @@
 """Routing what children say to files, the console and :class:`logging.Handler` objects.
 
 This is the worker side of the log path.  The event loop only reads bytes
-(see :mod:`corral._logs._pipes` and :mod:`corral._logs._server`) and queues them, a
+(see :mod:`corral._core._pipes` and :mod:`corral._logs._server`) and queues them, a
 whole read at a time; the collector hands every batch of reads to one worker
 thread, which calls :meth:`Router.process`.  So the loop's work is
 proportional to the number of *reads*, and everything proportional to the

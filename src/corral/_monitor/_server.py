@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -30,13 +30,13 @@ from ._clients import Client, MonitorSink
 from ._rows import JSON
 
 if TYPE_CHECKING:
+    from .._core._process import Process
     from .._sys._backend import LoopHandle
     from .._sys._proc import ResourceUsage
 
 __all__ = [
     "DEFAULT_HOST",
     "FAILURE_LINES",
-    "ProcessView",
     "PROTOCOL_VERSION",
     "Joined",
     "Monitor",
@@ -116,34 +116,6 @@ def parse_address(address: str | bool) -> tuple[str, int]:
     return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
-class ProcessView(Protocol):
-    """What the monitor shows of a process (a :class:`~corral.Process` is one)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def source(self) -> str: ...
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    @property
-    def started_at(self) -> float: ...
-
-    @property
-    def restarts(self) -> int: ...
-
-    @property
-    def stop_requested(self) -> bool: ...
-
-    @property
-    def stderr_tail(self) -> bytes: ...
-
-
 def end_state(returncode: int, stop_requested: bool) -> str:
     """How a run of a process ended, in the words of the monitor, its page and the command.
 
@@ -176,7 +148,7 @@ def _signal_name(returncode: int | None) -> str | None:
 FAILURE_LINES: Final = 10
 
 
-def process_info(proc: ProcessView, state: str) -> dict[str, Any]:
+def process_info(proc: Process, state: str) -> dict[str, Any]:
     # A process that exits at once may have exited before its "running" is
     # told: that message is of its start, and its exit follows.
     code = None if state == "running" else proc.returncode
@@ -248,7 +220,7 @@ class Monitor:
     def set_log_path(self, path: str | None) -> None:
         self._log_path = path
 
-    def process_event(self, proc: ProcessView, state: str) -> None:
+    def process_event(self, proc: Process, state: str) -> None:
         """A process changed state (on the loop)."""
         info = process_info(proc, state)
         self._processes[proc.name] = info

@@ -9,12 +9,13 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-from .._core._options import RunnerLaunchOptions, RunnerOptions, StartOptions
-from .._core._runner import Runner, open_runner
+from .._core._options import StartOptions
 from .._core._token import LoopToken
 from .._errors import CorralError
-from .._launch._options import LaunchOptions
 from .._results import CompletedProcess, LaunchResult
+from .._runner._options import RunnerLaunchOptions, RunnerOptions
+from .._runner._runner import Runner, open_runner
+from .._scaleout import LaunchOptions
 from .._sys._proc import ResourceUsage
 from ._handles import SyncProcess
 from ._portal import Portal, hide_internal_frames

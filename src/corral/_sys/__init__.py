@@ -10,8 +10,8 @@ runner's own (``_cgroup``) or as a child subreaper, and stopped.
 ``_childenv``: the ``CORRAL_*`` environment a child is started with (the
 child side imports it, so it is standard library only).  ``_proc``: what a
 process tree costs (CPU, resident memory, GPU memory), read from ``/proc``.
-A port to another Unix replaces this folder, and the lifeline's scan of
-``/proc``.
+``_lifeline``: a helper process that kills every child if the launcher dies.
+A port to another Unix replaces this folder.
 
-Public face: _platform, _backend, _childenv, _contain, _proc
+Public face: _platform, _backend, _childenv, _contain, _proc, _lifeline
 """

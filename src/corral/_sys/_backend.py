@@ -397,6 +397,10 @@ def _own_code(module: types.ModuleType) -> Iterable[types.CodeType]:
                     continue
                 if isinstance(value, (types.FunctionType, type)):
                     stack.append(value)
+        elif callable(obj):
+            wrapped = getattr(obj, "__wrapped__", None)  # functools.cache's wrapper, say
+            if isinstance(wrapped, types.FunctionType):
+                stack.append(wrapped)
     while codes:
         code = codes.pop()
         if id(code) in seen:

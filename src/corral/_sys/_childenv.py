@@ -27,7 +27,7 @@ standard library: a Python child pays for every import it triggers.
 ``CORRAL_LIFELINE``
     A marker, ``<runner token>.<spawn number>``, that lets the lifeline find a
     child in ``/proc`` even if the launcher died before it could register the
-    child's process group (see :mod:`corral._core._lifeline`).
+    child's process group (see :mod:`corral._sys._lifeline`).
 """
 
 from __future__ import annotations

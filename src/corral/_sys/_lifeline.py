@@ -57,7 +57,8 @@ administrator or the OOM killer), the runner logs an ERROR and starts a new
 one that adopts every live group.  It writes with ``MSG_NOSIGNAL``, so a dead
 helper can never turn into a ``SIGPIPE`` that kills the launcher.
 
-The helper is started with ``python -I -S`` (no site, no user paths): it
+The helper is :mod:`corral._sys._lifeline_helper`, run by its path with
+``python -I -S`` (no site, no user paths, nothing of corral imported): it
 imports nothing but ``os`` and ``signal`` until the launcher dies, and costs a
 few megabytes.
 """
@@ -72,137 +73,18 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Final
 
 import anyio
 
-from .._sys import _childenv, _platform
-from .._sys._backend import outlast_native_cancel
+from . import _childenv, _platform
+from ._backend import outlast_native_cancel
 
 __all__ = ["Lifeline"]
 
-_HELPER = r"""
-import os, signal
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-          signal.SIGUSR2, signal.SIGPIPE):
-    signal.signal(s, signal.SIG_IGN)
-marker = os.environ["CORRAL_LIFELINE_TOKEN"].encode()
-groups, pending, folders, cgroups = set(), set(), set(), set()
-buffered = b""
-while True:
-    try:
-        chunk = os.read(0, 65536)
-    except InterruptedError:
-        continue
-    except OSError:
-        break
-    if not chunk:
-        break
-    buffered += chunk
-    *lines, buffered = buffered.split(b"\n")
-    for line in lines:
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            pgid, _, n = rest.partition(b" ")
-            groups.add(int(pgid))
-            pending.discard(n)
-        elif kind == b"-":
-            groups.discard(int(rest))
-        elif kind == b"?":
-            pending.add(rest)
-        elif kind == b"!":
-            pending.discard(rest)
-        elif kind == b"d":
-            folders.add(rest)
-        elif kind == b"g":
-            cgroups.add(rest)
-        elif kind == b"G":
-            cgroups.discard(rest)
-for pgid in groups:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
-def kill_cgroups():
-    for cgroup in cgroups:
-        try:
-            fd = os.open(cgroup + b"/cgroup.kill", os.O_WRONLY)
-        except OSError:
-            # No cgroup.kill (Linux < 5.14): each member (the launcher is gone,
-            # nobody else can move them or reap them meanwhile but their parents).
-            for directory, _, _ in os.walk(cgroup):
-                try:
-                    with open(directory + b"/cgroup.procs", "rb") as f:
-                        pids = f.read().split()
-                except OSError:
-                    continue
-                for pid in pids:
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except OSError:
-                        pass
-            continue
-        try:
-            os.write(fd, b"1")
-        except OSError:
-            pass
-        os.close(fd)
-kill_cgroups()
-# A child being spawned shows its marker only once it has exec'd: between fork
-# and exec its environment is still the launcher's.  So look again, briefly,
-# until every spawn in flight is found (or had time to exec, or to fail).
-wanted = {b"CORRAL_LIFELINE=" + marker + b"." + n for n in pending}
-import time
-deadline = time.monotonic() + 2.0
-while wanted and time.monotonic() < deadline:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/" + entry + "/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        found = wanted.intersection(env)
-        if found:
-            wanted -= found
-            pid = int(entry)
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-    if wanted:
-        time.sleep(0.01)
-if cgroups:
-    kill_cgroups()  # whatever a child caught in flight had forked meanwhile
-    deadline = time.monotonic() + 2.0
-    for cgroup in cgroups:
-        while time.monotonic() < deadline:
-            try:
-                with open(cgroup + b"/cgroup.events", "rb") as f:
-                    if b"populated 1" not in f.read():
-                        break
-            except OSError:
-                break
-            time.sleep(0.01)
-        try:
-            for directory, _, _ in os.walk(cgroup, topdown=False):
-                os.rmdir(directory)
-        except OSError:
-            pass
-for folder in folders:
-    # The log socket's folder holds the socket alone: no shutil to import.
-    try:
-        for entry in os.scandir(folder):
-            os.unlink(entry.path)
-        os.rmdir(folder)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        import shutil
-        shutil.rmtree(os.fsdecode(folder), ignore_errors=True)
-os._exit(0)
-"""
+#: The helper's program (run by path, as a script: see its module).
+HELPER: Final = str(Path(__file__).with_name("_lifeline_helper.py"))
 
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
@@ -252,10 +134,10 @@ class Lifeline:
         try:
             env = {
                 b"PATH": os.environb.get(b"PATH", os.defpath.encode()),
-                b"CORRAL_LIFELINE_TOKEN": self._token.encode(),
+                b"CORRAL_LIFELINE_MARKER": self.marker,
             }
             pid = _platform.spawn(
-                [sys.executable, "-I", "-S", "-c", _HELPER],
+                [sys.executable, "-I", "-S", HELPER],
                 env=env,
                 cwd="/",
                 stdin=theirs.fileno(),

@@ -20,7 +20,7 @@ The rules follow from that:
   included) stops every child the same way.  Only "signal, grace, SIGKILL,
   reap" is shielded from cancellation; everything else the exit waits for
   (log connections, the log handlers) has a deadline.
-* A lifeline process (see :mod:`corral._core._lifeline`) kills every child's
+* A lifeline process (see :mod:`corral._sys._lifeline`) kills every child's
   group if the launcher itself dies without a chance to clean up.
 * Signals the application does not hold are forwarded to every child at
   once (see :mod:`corral._core._signals`).
@@ -36,29 +36,31 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import Any, TypeVar, TypeVarTuple, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
 from .._checks import check_grace, check_signal, with_keywords
-from .._launch._context import LaunchContext
-from .._launch._options import LaunchOptions, LaunchSpec
+from .._core._options import ProcessOptions, StartOptions, StrOrPath
+from .._core._process import Process
+from .._core._run import drain, feed
+from .._core._stdio import DEVNULL, PIPE
+from .._core._token import LoopToken
 from .._logs._hub import LogHub, routes_of
 from .._logs._router import Route
-from .._monitor._clients import MonitorSink
-from .._monitor._server import Monitor
 from .._results import CompletedProcess, LaunchResult
+from .._scaleout import LaunchOptions, LaunchSpec
+from .._sys._lifeline import Lifeline
 from .._sys._proc import ResourceUsage
 from ._children import MAX_NAME, Children, check_name
-from ._lifeline import Lifeline
-from ._options import ProcessOptions, RunnerOptions, RunnerSpec, StartOptions, StrOrPath
-from ._process import Process
-from ._run import drain, feed
+from ._options import RunnerOptions, RunnerSpec
 from ._scope import Scope
-from ._stdio import DEVNULL, PIPE
-from ._token import LoopToken
+
+if TYPE_CHECKING:
+    from .._launch._context import LaunchContext
+    from .._monitor._server import Monitor
 
 __all__ = ["MAX_NAME", "Runner", "open_runner"]
 
@@ -93,6 +95,10 @@ class Runner:
         monitor = spec.monitor
         self._monitor: Monitor | None = None
         if monitor is not None and monitor is not False:
+            # On first use: a runner without a monitor loads none of its code.
+            from .._monitor._clients import MonitorSink
+            from .._monitor._server import Monitor
+
             self._monitor = Monitor(monitor, name)
             routes.append(Route(MonitorSink(self._monitor)))
         self._hub = LogHub(
@@ -456,7 +462,7 @@ class Runner:
         self._check_open()
         from .._launch import _launcher  # on first use: no cloudpickle, no agent code before
 
-        self._scope.protect(_launcher.protected_modules())
+        self._scope.protect()
         return await _launcher.launch(self._launch_context(), spec, func, args)
 
     @with_keywords(LaunchSpec)
@@ -482,7 +488,7 @@ class Runner:
         self._check_open()
         from .._launch import _launcher
 
-        self._scope.protect(_launcher.protected_modules())
+        self._scope.protect()
         return await _launcher.launch(
             self._launch_context(),
             spec,

@@ -1,31 +1,35 @@
-"""The options of a launch, one record from the call to the agents: :class:`LaunchSpec`.
+"""What a launch is asked: the keywords of :meth:`Runner.launch`, in one light record.
 
 What :meth:`Runner.launch` and :meth:`Runner.launch_command` take is spelled
 once, as the fields of :class:`LaunchSpec` (names, types, defaults), with
 :class:`LaunchOptions` beside it for type checkers (``**options:
 Unpack[LaunchOptions]``, kept in step by ``tests/core/test_options.py``); what
-each means is in :meth:`Runner.launch`'s docstring.
+each means is in :meth:`Runner.launch`'s docstring.  :class:`SSH`, how remote
+hosts are reached, is one of its values.
 
 The record goes all the way: :meth:`LaunchSpec.checked` checks each value (with
-:mod:`corral._checks`) and gives the record back in its checked form;
-:meth:`LaunchSpec.plan` makes the launch's :class:`Plan` (the hosts, the workers
-on each, their environment), which carries the checked record on; and the
-plan makes what goes over the wire from it: each host's
-:class:`~corral._launch._link.Job` and each agent's configuration (whose fields
-named as an option take that option's value, :meth:`Plan.agent_config`).
+:mod:`corral._checks`) and gives the record back in its checked form; the
+launch machinery (:mod:`corral._launch`) makes its plan from it (the hosts,
+the workers on each, their environment) and, from the plan, what goes over
+the wire to each host.  This module is light on purpose (the standard
+library and :mod:`corral._checks`): the runner names the record in its
+signatures without loading any of the launch machinery, which a launch loads
+when it begins.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
+import os
+import shlex
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
-from .._checks import (
-    check_argv,
+from ._checks import (
     check_globs,
     check_grace,
     check_host,
@@ -34,40 +38,99 @@ from .._checks import (
     check_port,
     check_seconds,
 )
-from . import _link
-from ._hosts import (
-    MAX_WORKERS,
-    MAX_WORKERS_PER_HOST,
-    SSH,
-    environment_for_hosts,
-    slurm_hosts,
-    slurm_workers_per_host,
-)
-from ._torchenv import OMP_NOTICE, launch_variables
-from ._worker import PROCESS_GROUP
 
 __all__ = [
     "DEFAULT_LINK_TIMEOUT",
     "DEFAULT_PROCESS_GROUP_TIMEOUT",
     "DEFAULT_START_TIMEOUT",
     "EVENT_LOOPS",
+    "LAUNCH_FIELDS",
+    "MAX_WORKERS",
+    "MAX_WORKERS_PER_HOST",
     "PROCESS_GROUP_BACKENDS",
+    "SSH",
     "LaunchKeywords",
     "LaunchOptions",
     "LaunchSpec",
-    "Plan",
+    "check_backend",
 ]
 
 #: Seconds agents get to start and dial back, unless ``start_timeout`` says otherwise.
 DEFAULT_START_TIMEOUT = 60.0
 #: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
-DEFAULT_LINK_TIMEOUT = _link.DEFAULT_LINK_TIMEOUT
+DEFAULT_LINK_TIMEOUT: Final = 5.0
 #: The process-group backends of a launch's ``backend=`` (torchrunx's, torch's), and "auto".
 PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc", "xccl", "auto")
 #: What the ``backend=`` of a blocking runner names instead: its event loop.
 EVENT_LOOPS: Final = ("asyncio", "trio")
 #: Seconds of the process group's timeout (``backend=``): torchrunx's ``worker_timeout``.
 DEFAULT_PROCESS_GROUP_TIMEOUT = 600.0
+
+
+#: The most workers of a launch on one host (``workers_per_host``; the
+#: command line's ``-n`` and ``-c``): each is a process there, with its
+#: descriptors here.
+MAX_WORKERS_PER_HOST: Final = 4096
+#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
+MAX_WORKERS: Final = 65536
+
+
+@dataclass(frozen=True)
+class SSH:
+    """How to reach remote hosts with the OpenSSH client.
+
+    Attributes:
+        user: the remote user (``ssh -l``); the client's default if ``None``.
+        port: the remote port (``ssh -p``).
+        identity_file: a private key (``ssh -i``); checked to be readable
+            before anything starts.
+        options: more ``ssh`` arguments, e.g. ``("-o", "ConnectTimeout=5")``;
+            they come before corral's own, and ssh takes the first value it
+            sees for an option.
+        python: the Python interpreter on the remote hosts; defaults to the
+            launcher's own (:data:`sys.executable`), as on a cluster with a
+            shared file system.
+        cwd: the remote working directory; defaults to the launcher's.
+        executable: the ssh client to run.
+    """
+
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | os.PathLike[str] | None = None
+    options: Sequence[str] = field(default_factory=tuple)
+    python: str | None = None
+    cwd: str | os.PathLike[str] | None = None
+    executable: str = "ssh"
+
+    def check(self) -> None:
+        """Raise a clear error now for what would make every connection fail later."""
+        if self.identity_file is not None:
+            path = os.fspath(self.identity_file)
+            if not os.access(path, os.R_OK):
+                raise FileNotFoundError(f"the ssh identity file {path!r} cannot be read")
+        if self.port is not None and not (0 < int(self.port) < 65536):
+            raise ValueError(f"ssh port {self.port!r} is not a port number")
+        if isinstance(self.options, str):
+            raise TypeError("SSH.options is a sequence of arguments, not one string")
+        if shutil.which(self.executable) is None:
+            raise FileNotFoundError(f"the ssh client {self.executable!r} is not installed")
+
+    def argv(self, host: str, command: Sequence[str]) -> list[str]:
+        """The ``ssh`` command line that runs ``command`` on ``host``."""
+        argv = [self.executable, *self.options, "-o", "BatchMode=yes", "-T"]
+        if self.port is not None:
+            argv += ["-p", str(self.port)]
+        if self.identity_file is not None:
+            argv += ["-i", os.fspath(self.identity_file)]
+        if self.user is not None:
+            argv += ["-l", self.user]
+        cwd = os.fspath(self.cwd) if self.cwd is not None else os.getcwd()
+        remote = f"cd {shlex.quote(cwd)} && exec {shlex.join(command)}"
+        return [*argv, "--", host, remote]
+
+    @property
+    def remote_python(self) -> str:
+        return self.python or sys.executable
 
 
 class LaunchKeywords(TypedDict, total=False):
@@ -113,8 +176,8 @@ class LaunchOptions(LaunchKeywords, total=False):
 class LaunchSpec:
     """What a launch was asked for: the keywords of :meth:`Runner.launch`, with their defaults.
 
-    Not checked yet: :meth:`checked` checks each value, and :meth:`plan` the
-    values together, before anything starts.
+    Not checked yet: :meth:`checked` checks each value, and the launch's plan
+    the values together, before anything starts.
     """
 
     hosts: Sequence[str] | str | None = None
@@ -137,7 +200,7 @@ class LaunchSpec:
     @classmethod
     def of(cls, options: Mapping[str, Any], what: str) -> LaunchSpec:
         """From a call's keywords; an unknown one is a ``TypeError``, as for any call."""
-        check_keywords(options, _LAUNCH_FIELDS, what)
+        check_keywords(options, LAUNCH_FIELDS, what)
         return cls(**options)
 
     def checked(self, default_grace: float) -> LaunchSpec:
@@ -168,119 +231,8 @@ class LaunchSpec:
             backend=check_backend(self.backend),
         )
 
-    async def plan(self, default_grace: float, argv: Sequence[str] | None = None) -> Plan:
-        """The plan of a launch of these options (of the command ``argv``, if not ``None``).
 
-        Checks the options, finds the hosts (a Slurm allocation's, asking
-        ``scontrol`` off the event loop), counts the workers on each, and
-        makes their environment.  Nothing has started if it raises.
-        """
-        options = self.checked(default_grace)
-        if argv is not None and options.backend is not None:
-            raise ValueError(
-                f"backend={options.backend!r} initialises a process group for a function; a "
-                "command initialises its own (torch.distributed.init_process_group), as under "
-                "torchrun"
-            )
-        command = check_argv(argv) if argv is not None else []
-        if options.hosts == "slurm":
-            hosts = await slurm_hosts()
-        else:
-            hosts = list(options.hosts or ["localhost"])
-        counts = _count_workers(options.workers_per_host, hosts, options.hosts == "slurm")
-        plan = Plan(options, hosts, counts, *options._environment(max(counts)), command)
-        if plan.remote and not plan.slurm:
-            plan.ssh.check()
-        return plan
-
-    def _environment(self, most_per_host: int) -> tuple[dict[str, str | None], list[str]]:
-        """The workers' environment, and the notices it needs in the runner's log.
-
-        Workers on this machine inherit the launcher's environment: torchrun's
-        variables and ``extra_env`` (with its removals) go on top.  Remote ones
-        get the launcher's variables as ``forward_env`` says, under the same.
-        """
-        env: dict[str, str | None] = {}
-        if self.hosts is not None:
-            env = environment_for_hosts(self.forward_env, self.copy_env, None)
-        torch_env, omp_defaulted = launch_variables(most_per_host, self.extra_env)
-        env.update(torch_env)
-        env.update(self.extra_env or {})
-        if self.backend is not None:
-            env[PROCESS_GROUP] = f"{self.backend} {self.process_group_timeout!r}"
-        return env, [OMP_NOTICE] if omp_defaulted else []
-
-
-_LAUNCH_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(LaunchSpec))
-
-
-@dataclass
-class Plan:
-    """A launch's plan: its checked options, the hosts, the workers on each, their environment."""
-
-    options: LaunchSpec  # checked (LaunchSpec.checked)
-    hosts: list[str]  # names as given ("localhost" for this machine)
-    counts: list[int]  # workers on each host
-    env: dict[str, str | None]  # every worker's variables (None: remove it)
-    notices: list[str]  # for the runner's log, once it starts
-    argv: list[str] = field(default_factory=list)  # a command, not a function
-    firsts: list[int] = field(init=False)  # each host's first global rank
-
-    def __post_init__(self) -> None:
-        self.firsts = [0, *itertools.accumulate(self.counts)][:-1]
-
-    @property
-    def remote(self) -> bool:
-        """Whether agents on other hosts run the workers (not this runner)."""
-        return self.options.hosts is not None
-
-    @property
-    def slurm(self) -> bool:
-        return self.options.hosts == "slurm"
-
-    @property
-    def grace(self) -> float:
-        assert self.options.grace is not None  # checked: the runner's for None
-        return self.options.grace
-
-    @property
-    def ssh(self) -> SSH:
-        assert self.options.ssh is not None  # checked: SSH() for None
-        return self.options.ssh
-
-    @property
-    def world_size(self) -> int:
-        return sum(self.counts)
-
-    def job(self, host: int, payload: bytes, master_addr: str, master_port: int) -> _link.Job:
-        """What host ``host`` runs; the master's address and port unless the options say."""
-        return _link.Job(
-            payload=payload,
-            world_size=self.world_size,
-            first_rank=self.firsts[host],
-            workers=self.counts[host],
-            group_rank=host,
-            groups=len(self.hosts),
-            master_addr=self.options.master_addr or master_addr,
-            master_port=self.options.master_port or master_port,
-            env=self.env,
-            grace=self.grace,
-            log_level=self.options.log_level,
-            argv=self.argv,
-        )
-
-    def agent_config(self, **agent: Any) -> str:
-        """An agent's configuration, encoded: ``agent``'s fields, and the launch's options.
-
-        Each field of :class:`~corral._launch._link.AgentConfig` that is named
-        as an option of the launch takes that option's (checked) value.
-        """
-        launch = {
-            name: getattr(self.options, name)
-            for name in _link.AgentConfig.__struct_fields__
-            if name in _LAUNCH_FIELDS
-        }
-        return _link.encode_config(**launch, **agent)
+LAUNCH_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(LaunchSpec))
 
 
 def _maybe(check: Any, value: Any, what: str) -> Any:
@@ -337,24 +289,6 @@ def _check_forward_env(forward_env: object) -> str | tuple[str, ...]:
     if isinstance(forward_env, str):
         raise TypeError(f'forward_env must be "all" or a sequence of globs, not {forward_env!r}')
     return check_globs(forward_env, "forward_env")
-
-
-def _count_workers(workers: int | Sequence[int] | None, hosts: list[str], slurm: bool) -> list[int]:
-    """The workers on each host (``workers_per_host`` checked), within the launch's maximum."""
-    if workers is None:
-        workers = slurm_workers_per_host() if slurm else 1
-    if isinstance(workers, int):
-        counts = [workers] * len(hosts)
-    else:
-        counts = list(workers)
-        if len(counts) != len(hosts):
-            raise ValueError(f"workers_per_host has {len(counts)} entries for {len(hosts)} hosts")
-    if sum(counts) > MAX_WORKERS:
-        raise ValueError(
-            f"a launch may have at most {MAX_WORKERS} workers in all, not {sum(counts)} "
-            f"({len(hosts)} hosts)"
-        )
-    return counts
 
 
 def check_backend(backend: object) -> str | None:

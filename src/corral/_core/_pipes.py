@@ -40,8 +40,8 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
-from ._chunks import Chunk, StreamState
-from ._collector import Collector
+from .._logs._chunks import Chunk, StreamState
+from .._logs._collector import Collector
 
 __all__ = [
     "CHUNK",

@@ -6,33 +6,37 @@ starts the services that run in that group: the collector, the log server,
 the lifeline's watch, the monitor and the sampler of what each child costs.
 Leaving it waits for the children (or stops them, on error or cancellation),
 then closes everything in reverse; a failure half-way in undoes what was
-opened.  See :mod:`corral._core._runner` for the rules.
+opened.  See :mod:`corral._runner._runner` for the rules.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from types import ModuleType, TracebackType
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from .._launch._context import LaunchContext, LogForwarder, StartFn
-from .._logs._hub import LogHub, protected_modules
-from .._monitor._serve import serve as serve_monitor
-from .._monitor._server import Monitor
+from .._core import _signals
+from .._core._spawn import Spawner
+from .._core._supervisor import ProcessServices
+from .._core._token import LoopToken
+from .._core._usage import Sampled, UsageSampler
+from .._logs._hub import LogHub
 from .._sys import _backend, _contain, _platform
-from . import _signals
-from ._lifeline import Lifeline
-from ._spawn import Spawner
-from ._supervisor import ProcessServices
-from ._token import LoopToken
-from ._usage import Sampled, UsageSampler
+from .._sys._lifeline import Lifeline
+
+if TYPE_CHECKING:
+    from .._launch._context import LaunchContext, LogForwarder, StartFn
+    from .._monitor._server import Monitor
 
 __all__ = ["Scope"]
 
@@ -97,7 +101,7 @@ class Scope:
         _platform.require_pidfd()
         token = LoopToken.current()
         if token.backend == "trio":
-            _backend.protect_on_trio(_protected_modules())
+            protect_loop_side()
         self.token = token
         hub = self._hub
         entered: list[str] = []
@@ -207,7 +211,11 @@ class Scope:
                 await _backend.start_surely(
                     tg, (end_with_the_children, (), f"corral monitor end {self._name}")
                 )
-                await serve_monitor(monitor, self.token.loop)
+                from .._monitor._serve import server_for
+
+                serve = server_for(monitor, self.token.loop)
+                self.protect()  # the server's code, just loaded
+                await serve(monitor)
 
     async def _undo_entry(self, entered: list[str]) -> None:
         if "signals" in entered and self.signals is not None:
@@ -336,13 +344,15 @@ class Scope:
                 f"{_contain.KILL_WAIT:g} s of SIGKILL; the lifeline tries again",
             )
 
-    def protect(self, modules: list[ModuleType]) -> None:
+    def protect(self) -> None:
         """On Trio, protect more of corral's code (loaded on first use) as the runner's own."""
         if self.token is not None and self.token.backend == "trio":
-            _backend.protect_on_trio(modules)
+            protect_loop_side()
 
     def launch_context(self, start: StartFn, logs: LogForwarder, grace: float) -> LaunchContext:
         """What a launch in this runner needs of it, the signals that stop it included."""
+        from .._launch._context import LaunchContext
+
         return LaunchContext(
             start=start,
             logs=logs,
@@ -412,32 +422,47 @@ async def _in_thread(
     return failure[0] if failure else None
 
 
-#: The modules of the core whose code runs on the loop.
-_CORE_MODULES = (
-    "_children",
-    "_handshake",
-    "_lifeline",
-    "_options",
-    "_process",
-    "_run",
+#: The units of the package whose code runs on a runner's loop: the floors below the blocking
+#: runner and the facade (see tests/project/test_layering.py).  What they define is protected
+#: from KeyboardInterrupt on Trio as the runner's own code; the facade, the blocking runner,
+#: the command, the pytest plugin and the child's side are the application's.
+LOOP_SIDE: Final = (
+    "_errors",
+    "_checks",
+    "_results",
+    "_scaleout",
+    "_sys",
+    "_logs",
+    "_core",
+    "_launch",
+    "_monitor",
     "_runner",
-    "_scope",
-    "_signals",
-    "_spawn",
-    "_supervisor",
-    "_token",
-    "_usage",
 )
 
 
-def _protected_modules() -> list[ModuleType]:
-    """The modules whose code is KeyboardInterrupt-protected on Trio (see ``protect_on_trio``).
+@functools.cache
+def loop_side_names() -> tuple[str, ...]:
+    """The names of every module of :data:`LOOP_SIDE`: one walk of those folders' files."""
+    root = Path(__file__).resolve().parents[1]
+    package = root.name
+    names: list[str] = []
+    for unit in LOOP_SIDE:
+        folder = root / unit
+        if folder.is_dir():
+            names += [f"{package}.{unit}.{p.stem}" for p in sorted(folder.glob("_*.py"))]
+            names.append(f"{package}.{unit}")
+        else:
+            names.append(f"{package}.{unit}")
+    return tuple(n for n in names if not n.endswith(".__init__"))
 
-    Looked up by name: each is imported by the time a runner is entered.
+
+def protect_loop_side() -> None:
+    """On Trio, protect the loop-side code loaded so far (idempotent; cheap once done).
+
+    Called when a runner is entered and when it loads more of its code (a
+    launch, the monitor's server): whatever of :data:`LOOP_SIDE` is loaded by
+    then is covered, so a new module of those folders cannot be forgotten.
     """
-    names = [f"{__package__}.{m}" for m in _CORE_MODULES] + [
-        "corral._checks",
-        "corral._errors",
-        "corral._results",
-    ]
-    return [sys.modules[n] for n in names if n in sys.modules] + protected_modules()
+    _backend.protect_on_trio(
+        [module for name in loop_side_names() if (module := sys.modules.get(name)) is not None]
+    )

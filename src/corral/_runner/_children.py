@@ -1,6 +1,6 @@
 """A runner's children: how one is started, named, watched and let go.
 
-:class:`Children` is the registry behind :class:`~corral._core._runner.Runner`:
+:class:`Children` is the registry behind :class:`~corral._runner._runner.Runner`:
 the children that run now under their unique names, the observers told of
 each change of state, and the one path by which a child comes into being —
 options checked, the child spawned, its :class:`Supervisor` started in the
@@ -24,13 +24,13 @@ import anyio
 import anyio.lowlevel
 
 from .._checks import check_grace, check_signal
+from .._core._options import ProcessOptions, RestartPolicy
+from .._core._process import Process
+from .._core._spawn import SpawnSpec, describe_argv
+from .._core._supervisor import Supervisor
 from .._logs._hub import LogHub
 from .._sys import _backend
-from ._options import ProcessOptions, RestartPolicy
-from ._process import Process
 from ._scope import Scope
-from ._spawn import SpawnSpec, describe_argv
-from ._supervisor import Supervisor
 
 __all__ = ["MAX_NAME", "Children", "check_name"]
 
