@@ -891,6 +891,7 @@ def test_a_bar_logged_already_stays_on_the_terminal_as_a_line(
 ) -> None:
     from tests.logs.test_progress import _run_on_terminal, _screen
 
-    raw = _run_on_terminal(tmp_path, anyio_backend, [("bar", ONE_FRAME_BAR)], colour=False, tag=tag)
+    bar = [("bar", [PY, "-c", ONE_FRAME_BAR])]
+    raw = _run_on_terminal(tmp_path, anyio_backend, bar, colour=False, tag=tag)
     shown = [row for row in _screen(raw) if row]
     assert len(shown) == 1 and re.fullmatch(r"\d\d:\d\d:\d\d corral\.bar \| copied 100%", shown[0])
