@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
     from .._logs._hub import LogHub
     from .._logs._sources import Source
-    from ._spawn import Spawned, SpawnSpec
+    from ._options import StartSpec
+    from ._spawn import Spawned
 
 __all__ = ["Run", "UserStream", "close_status", "drain", "feed", "open_run"]
 
@@ -59,7 +60,7 @@ class Run:
 
 def open_run(
     spawned: Spawned,
-    spec: SpawnSpec,
+    spec: StartSpec,
     *,
     hub: LogHub,
     source: Source,

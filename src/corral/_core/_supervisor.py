@@ -44,7 +44,7 @@ from .._sys import _platform
 from .._sys._backend import SureTask, outlast_native_cancel, start_surely
 from ._handshake import MAX_REPORT
 from ._run import Run, UserStream, close_status, open_run
-from ._spawn import Spawned, Spawner, SpawnSpec, describe_argv
+from ._spawn import Spawned, Spawner, describe_argv
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from .._logs._hub import LogHub
     from .._logs._sources import Source
     from .._sys._proc import ResourceUsage
-    from ._options import RestartPolicy
+    from ._options import StartSpec
     from ._signals import Subscription
     from ._token import LoopToken
     from ._usage import UsageSampler
@@ -92,16 +92,13 @@ class Supervisor:
     def __init__(
         self,
         services: ProcessServices,
-        spec: SpawnSpec,
+        spec: StartSpec,
         spawned: Spawned,
         *,
         name: str,
         source: Source,
-        check: bool,
         grace: float,
         stop_signal: int,
-        policy: RestartPolicy,
-        start_timeout: float | None,
         on_exit: Callable[[], None],
         on_event: Callable[[str], None],
     ) -> None:
@@ -112,11 +109,11 @@ class Supervisor:
         self.spec = spec
         self.name = name
         self.source = source
-        self._check = check
+        self._check = spec.check
         self._grace = grace
         self._stop_signal = stop_signal
-        self._policy = policy
-        self._start_timeout = start_timeout
+        self._policy = spec.policy
+        self._start_timeout = spec.start_timeout
         self.stop_requested = False
         self._forwarded = False
         self.restarts = 0

@@ -10,8 +10,8 @@ import anyio
 
 if TYPE_CHECKING:
     from .._core._process import Process
-    from .._runner._runner import Runner
     from .._logs._sources import LogTail
+    from .._runner._runner import Runner
     from .._sys._proc import ResourceUsage
     from ._portal import Portal
 

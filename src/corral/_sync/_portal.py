@@ -21,8 +21,8 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
-from .._runner._runner import Runner, open_runner
 from .._errors import CorralError, WrongLoopError
+from .._runner._runner import Runner, open_runner
 
 __all__ = ["INTERRUPT_SLACK", "Portal", "hide_internal_frames"]
 

@@ -10,11 +10,11 @@ from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 from .._core._options import StartOptions
-from .._runner._runner import Runner, open_runner
 from .._core._token import LoopToken
 from .._errors import CorralError
 from .._results import CompletedProcess, LaunchResult
 from .._runner._options import RunnerLaunchOptions, RunnerOptions
+from .._runner._runner import Runner, open_runner
 from .._scaleout import LaunchOptions
 from .._sys._proc import ResourceUsage
 from ._handles import SyncProcess
