@@ -29,6 +29,7 @@ import dataclasses
 import errno
 import os
 import resource
+import select
 import shlex
 import shutil
 import signal
@@ -45,6 +46,7 @@ __all__ = [
     "PopenArgs",
     "StrOrPath",
     "StatusLost",
+    "ended",
     "exit_status",
     "has_exited",
     "fd_limits",
@@ -362,6 +364,13 @@ def has_exited(pidfd: int) -> bool:
     except ChildProcessError:
         return True
     return result is not None and result.si_pid != 0
+
+
+def ended(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has ended: a child of ours or not, reaped or not."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def describe_status(returncode: int) -> str:
