@@ -8,6 +8,7 @@ and look at the real process table.
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import fcntl
 import os
@@ -45,12 +46,38 @@ def pytest_configure(config: pytest.Config) -> None:
             default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
             signal.signal(signum, default)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SESSION_SIGNALS)
+    if not hasattr(config, "workerinput"):
+        compile_once()
     _reaper.session()
     if not hasattr(config, "workerinput") and _parallel(config):
         # The controller of a parallel session: its workers, started after this, inherit it.
         folder = tempfile.mkdtemp(prefix="corral-turns-")
         os.environ[TURNS_VAR] = folder
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+# -- bytecode: compiled once per run, read by every interpreter the tests start ---------------
+
+#: The folders whose modules the suite's interpreters import: the package (an editable
+#: install's, so read from here), the tests' programs and helpers, the benchmarks, the examples.
+COMPILED = ("src", "tests", "bench", "examples")
+
+
+def compile_once() -> None:
+    """Write the bytecode of this checkout's modules next to them, once, before any test runs.
+
+    These machines (CI's too) set ``PYTHONDONTWRITEBYTECODE=1``: after an editable install no
+    ``.pyc`` is ever written, and each of the suite's hundreds of interpreters (children,
+    workers, agents, ``corral`` commands, programs) would compile corral from source again
+    (0.43 s of CPU for ``import corral; corral.open_runner`` against 0.28 s from bytecode,
+    measured here).  Nothing about the interpreters changes: their environment is the user's,
+    ``PYTHONDONTWRITEBYTECODE`` included; they find bytecode that is up to date, as after a
+    wheel install (pip compiles it), and Python's own timestamp check keeps it so.
+    ``compileall`` writes only what is missing or older than its source.
+    """
+    root = Path(__file__).resolve().parents[1]
+    for folder in COMPILED:
+        compileall.compile_dir(root / folder, quiet=1)
 
 
 # -- a parallel session (pytest-xdist): the tests that must run alone ---------------------------

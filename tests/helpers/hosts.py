@@ -191,8 +191,23 @@ class SshHost:
         finally:
             self.restore()
 
+    @contextlib.contextmanager
+    def throttle(self, rate: str) -> Iterator[None]:
+        """Throttle what the host sends to ``rate`` (tc's words: ``"400mbit"``) in the block.
+
+        A token bucket on the host's end of its veth pair: a slow link, every byte delivered.
+        Restored when the block ends, however it ends.
+        """
+        try:
+            bucket = ["tbf", "rate", rate, "burst", "64kb", "latency", "1s"]
+            _run(["tc", "-n", self.name, "qdisc", "add", "dev", "eth0", "root", *bucket])
+            yield
+        finally:
+            self.restore()
+
     def restore(self) -> None:
-        """Undo any :meth:`cut` of the host's link (also one made from inside the host)."""
+        """Undo any :meth:`cut` or :meth:`throttle` of the host's link (also one made from
+        inside the host)."""
         for argv in (
             ["tc", "qdisc", "del", "dev", self.root_link, "root"],
             ["tc", "-n", self.name, "qdisc", "del", "dev", "eth0", "root"],

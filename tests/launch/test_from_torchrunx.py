@@ -18,6 +18,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR
 
 import corral
@@ -25,6 +26,9 @@ import corral
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
 
 pytestmark = pytest.mark.timeout(60)
+
+# One loop (tests/helpers/loops.py): these rows are about what workers get and return.
+anyio_backend = one_loop()
 
 
 def where(scale: int, *, offset: int = 0) -> dict[str, Any]:
@@ -54,6 +58,7 @@ def test_function_arguments_and_the_worker_environment(tag: str) -> None:
     assert len({r["MASTER"] for r in results}) == 1
 
 
+@OTHER_LOOP
 @pytest.mark.anyio
 async def test_launcher_run_is_runner_launch(tag: str) -> None:
     """``Launcher(workers_per_host=[2]).run(func, 3)`` in async code: ``Runner.launch``."""

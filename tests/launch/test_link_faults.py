@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Collection
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,10 +30,11 @@ import anyio.abc
 import anyio.to_thread
 import cloudpickle
 import pytest
+from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
 
 import corral
-from corral._launch import _link
+from corral._launch import _agent, _link
 from corral._launch._link import (
     HELLO_TIMEOUT,
     MAX_LINK_FRAME,
@@ -41,6 +43,12 @@ from corral._launch._link import (
     LinkLost,
     heartbeat_interval,
 )
+from corral._logs._wire import FrameDecoder
+from corral._sys._proc import INTERVAL as USAGE_INTERVAL
+
+# One loop (tests/helpers/loops.py): the link is plain AnyIO streams and the agents always run
+# on asyncio.  A launcher's Ctrl-C runs on both (the ``backend`` of its subprocess).
+anyio_backend = one_loop()
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -158,6 +166,7 @@ def hosts_clean(
 # -- 1. the link has a deadline -------------------------------------------------------------
 
 
+@OTHER_LOOP
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_partition_stops_the_hosts_workers_and_fails_the_launch(
@@ -455,6 +464,74 @@ def test_a_slurm_node_gone_silent_fails_the_launch_and_leaves_nothing(
     assert wait_gone(tagged_pids(tag), 10) == []
 
 
+#: What each host returns in the big-result test: hundreds of megabytes in all.
+BIG_RESULT = 150 << 20
+#: How fast the hosts send meanwhile (tc's rate): each result takes about 3 s, twice
+#: LINK_TIMEOUT and more, on any machine.
+SLOW_LINK = "400mbit"
+
+
+def a_big_result(size: int) -> bytes:
+    """``size`` bytes of one letter, the rank's: A, B..."""
+    return bytes([65 + int(os.environ["RANK"])]) * size
+
+
+def peak_rss_reset() -> int:
+    """Reset this process's peak resident size (Linux's clear_refs); its resident size now."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kib("VmRSS") << 10
+
+
+def peak_rss() -> int:
+    """This process's peak resident size since :func:`peak_rss_reset`, in bytes."""
+    return _status_kib("VmHWM") << 10
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_big_results_over_slow_links_outlast_the_link_timeout(
+    ssh_hosts: _hosts.SshHosts, tag: str
+) -> None:
+    """Two hosts each return 150 MiB over links throttled so that each result takes several
+    link timeouts to arrive: heartbeats pass between its parts, so neither side counts its
+    link as silent, no periodic task of an agent (its usage reports, on by default) dies of
+    a tick made late by the transfer, and the launcher never holds a result twice (its peak
+    memory grows by the results, not twice them)."""
+    with contextlib.ExitStack() as throttled:
+        for host in ssh_hosts.hosts:
+            throttled.enter_context(host.throttle(SLOW_LINK))
+        async with corral.open_runner(name="br", console=False) as r:
+            before = peak_rss_reset()
+            began = time.monotonic()
+            with anyio.fail_after(90):
+                results = await r.launch(
+                    a_big_result,
+                    BIG_RESULT,
+                    hosts=ssh_hosts.addresses,
+                    ssh=ssh_for(ssh_hosts),
+                    extra_env={TAG_VAR: tag},
+                    link_timeout=LINK_TIMEOUT,
+                )
+            took = time.monotonic() - began
+            grew = peak_rss() - before
+    assert took > 2 * LINK_TIMEOUT, f"the transfer took {took:.1f} s: not throttled?"
+    assert [len(value) for value in results] == [BIG_RESULT, BIG_RESULT]
+    for rank, value in enumerate(results):
+        assert not value.strip(bytes([65 + rank])), f"rank {rank}'s result is not its own"
+    # The old way held each pickle whole beside its value: twice the results.
+    assert grew < 1.5 * 2 * BIG_RESULT, f"peak memory grew by {grew / BIG_RESULT:.2f} results"
+    assert tagged_pids(tag) == []
+
+
 # -- 2. nothing unauthenticated costs memory ------------------------------------------------
 
 #: Peers of each kind that dial the launcher before the real agent does.
@@ -724,6 +801,47 @@ async def test_a_side_stopped_while_its_heartbeat_waited_to_be_sent_says_so() ->
     assert "because this launcher was not running for at least" in link.lost, link.lost
 
 
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_the_agents_usage_reports_survive_a_late_tick(tag: str) -> None:
+    """An agent's usage report waits behind other sends (a big frame, a slow link) for longer
+    than its interval: its next tick is then due already, and the reporter sends at once and
+    goes on, instead of dying of a negative sleep (which took the agent, and its host, down)."""
+    async with (
+        corral.open_runner(name="lt", console=False) as r,
+        tcp_pair() as (peer, ours),
+    ):
+        proc = await r.start(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            extra_env={TAG_VAR: tag},
+            check=False,
+        )
+        link = _agent._Link(ours, timeout=60)
+        filling = True
+
+        async def fill() -> None:
+            # Until the peer reads, and a while after: the socket's buffers are full.
+            filler = _link.encode(_link.Lines("", "stdout", 20, 0.0, b"x" * (1 << 20)))
+            while filling:
+                await link.send(filler)
+
+        usages = 0
+        decoder = FrameDecoder(MAX_LINK_FRAME, _link.decoder())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fill)
+            tg.start_soon(_agent._report_usage, link, SimpleNamespace(processes=[proc]))
+            # The fault itself, not a synchronisation: nothing is read for 2.5 intervals,
+            # so a report waits behind the filler past its next tick.
+            await anyio.sleep(2.5 * USAGE_INTERVAL)
+            filling = False
+            with anyio.fail_after(10 * USAGE_INTERVAL):
+                while usages < 3:
+                    for message in decoder.feed(await peer.receive()):
+                        usages += isinstance(message, _link.Usage)
+            tg.cancel_scope.cancel()
+        proc.kill()
+
+
 # -- 3. every launch failure is a LaunchError, in time --------------------------------------
 
 
@@ -782,7 +900,7 @@ async def test_a_host_that_accepts_and_never_speaks_is_launch_error(tag: str) ->
 #: ``{how}`` says, and then lives on until its stdin closes (the ssh session ends).
 STALLING_AGENT = r"""#!{python}
 import base64, json, os, socket, subprocess, sys
-from corral._launch import _link
+from corral._launch import _agent, _link
 
 raw = sys.stdin.buffer.readline()
 cfg = json.loads(base64.b64decode(raw))
@@ -917,8 +1035,11 @@ MOMENTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.parametrize(
+    ("moment", "backend"),
+    # Each moment on one loop, the loops in turn: both loops see early and late moments.
+    [(moment, ("asyncio", "trio")[i % 2]) for i, moment in enumerate(MOMENTS)],
+)
 def test_ctrl_c_at_any_moment_of_a_launch(
     ssh_hosts: _hosts.SshHosts, tag: str, backend: str, moment: float
 ) -> None:

@@ -22,11 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.helpers.commands import corral_argv
+from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler
 
 import corral
 from corral._cli._main import main
 from corral._cli._torchrun import TORCHRUN_FLAGS
+
+# One loop (tests/helpers/loops.py): what workers find in their environment, and what their
+# error files say, is the same whatever the launcher's loop.
+anyio_backend = one_loop()
 
 if TYPE_CHECKING:
     from tests.helpers import hosts as _hosts
@@ -238,6 +243,7 @@ main()
 @pytest.mark.timeout(120)
 def test_record_error_reaches_the_failure_message(tmp_path: Path, tag: str) -> None:
     """torch's @record writes TORCHELASTIC_ERROR_FILE; corral's last line quotes it."""
+    pytest.importorskip("torch")
     (tmp_path / "rec.py").write_text(RECORD)
     out = run(corral_argv("run", "-n", "2", "rec.py"), tmp_path, shell_env(tag))
     assert out.returncode == 1, out.stderr
@@ -586,7 +592,7 @@ def test_launching_shells_environment_reaches_every_ssh_host(
 
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@OTHER_LOOP
 async def test_library_forwarding_over_ssh(
     ssh_hosts: _hosts.SshHosts, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -691,7 +697,6 @@ async def test_library_sets_omp_num_threads_with_one_warning(
 
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_error_file_on_a_remote_host_reaches_worker_failed(
     ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str
 ) -> None:

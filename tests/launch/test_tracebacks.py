@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR
 
 import corral
@@ -30,6 +31,9 @@ from corral import RemoteTraceback
 from corral._launch import _source
 
 pytestmark = pytest.mark.timeout(60)
+
+# One loop (tests/helpers/loops.py): a traceback is made in a worker, which runs no loop.
+anyio_backend = one_loop()
 
 #: A notebook cell: the function fails in a helper, two frames deep.
 CELL = """\
@@ -81,6 +85,7 @@ async def test_a_notebook_cell_shows_its_lines(cell_name: str, tag: str) -> None
     assert text.rstrip().endswith("ValueError: cell failed with 8"), text
 
 
+@OTHER_LOOP
 @pytest.mark.anyio
 async def test_exec_of_a_file_shows_its_lines(tmp_path: Path, tag: str) -> None:
     path = tmp_path / "generated.py"

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import pytest
 from tests.helpers.commands import Child, launched, stuck_client, websocket_request
+from tests.helpers.loops import BOTH_LOOPS, one_loop
 from tests.helpers.processes import ListHandler
 from tests.monitor.test_monitor import LOOPBACK, MonitorClient, monitored
 
@@ -64,6 +65,11 @@ from corral._monitor._server import (
     USAGE_HISTORY_BYTES,
     Monitor,
 )
+
+# One loop (tests/helpers/loops.py): the log path's buffers are the same whatever the loop.
+# The monitor's two servers differ by loop (trio-websocket, websockets' asyncio server): what
+# they hold for their clients, and the peers they refuse, is measured on both.
+anyio_backend = one_loop()
 
 PY = sys.executable
 PIPE = subprocess.PIPE
@@ -288,6 +294,7 @@ def test_a_monitor_without_clients_keeps_megabyte_lines_bounded(
     assert grown < 40, f"the launcher grew by {grown:.0f} MiB"
 
 
+@BOTH_LOOPS
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("clients", [1, 200])
 def test_stuck_monitor_clients_cost_bounded_memory(
@@ -303,6 +310,7 @@ def test_stuck_monitor_clients_cost_bounded_memory(
     assert grown < 48, f"{clients} stuck clients: the launcher grew by {grown:.0f} MiB"
 
 
+@BOTH_LOOPS
 @pytest.mark.timeout(120)
 def test_two_hundred_stuck_clients_barely_slow_a_flood(tmp_path: Path, anyio_backend: str) -> None:
     """The launcher's CPU for a flood, with 200 clients that never read and without any.
@@ -399,7 +407,10 @@ HONEST_LOGGER = textwrap.dedent(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("where", ["monitor", "log socket"])
+@pytest.mark.parametrize(
+    ("anyio_backend", "where"),
+    [("asyncio", "monitor"), ("trio", "monitor"), ("asyncio", "log socket")],
+)
 @pytest.mark.parametrize("abuse", ["huge", "many"])
 def test_unauthenticated_peers_cost_a_few_mib_and_honest_ones_still_work(
     tmp_path: Path, anyio_backend: str, where: str, abuse: str
@@ -545,6 +556,7 @@ async def test_a_tail_that_is_not_read_holds_a_bounded_amount(kind: str) -> None
 # -- the monitor's other bounds --------------------------------------------------------------------
 
 
+@BOTH_LOOPS
 @pytest.mark.timeout(90)
 def test_the_monitor_refuses_clients_beyond_its_bound(tmp_path: Path, anyio_backend: str) -> None:
     with launcher(tmp_path, anyio_backend, monitor=True) as runner:
@@ -578,6 +590,7 @@ async def test_a_long_record_reaches_clients_cut_in_the_middle() -> None:
     assert logs.lines("demo.long") == [line]  # the handlers have it whole
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 async def test_a_client_message_over_the_bound_closes_only_that_client() -> None:
     async with monitored() as (r, readers):
@@ -592,6 +605,7 @@ async def test_a_client_message_over_the_bound_closes_only_that_client() -> None
         readers.append(other)
 
 
+@BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(20)
 async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -> None:
@@ -642,8 +656,7 @@ def _joined(sink: MonitorSink, source: str = "*", level: int = 0) -> Client:
     return client
 
 
-@pytest.mark.anyio
-async def test_the_monitor_queue_keeps_to_its_bounds_and_counts_what_a_client_lost() -> None:
+def test_the_monitor_queue_keeps_to_its_bounds_and_counts_what_a_client_lost() -> None:
     sink = MonitorSink(Monitor(True, "demo"))
     a, b = Source("demo.a", "a"), Source("demo.b", "b")
     read = b"\n".join([b"x" * 1023] * 64)  # a read of 64 lines, 64 KiB
@@ -673,8 +686,7 @@ async def test_the_monitor_queue_keeps_to_its_bounds_and_counts_what_a_client_lo
     assert sink.held[1] <= RECENT_BYTES + len(read) + 200
 
 
-@pytest.mark.anyio
-async def test_the_monitor_keeps_a_bounded_share_of_messages_on_their_way() -> None:
+def test_the_monitor_keeps_a_bounded_share_of_messages_on_their_way() -> None:
     sink = MonitorSink(Monitor(True, "demo"))
     a = Source("demo.a", "a")
     clients = [_joined(sink) for _ in range(MAX_CLIENTS)]
@@ -688,8 +700,7 @@ async def test_the_monitor_keeps_a_bounded_share_of_messages_on_their_way() -> N
         sink.sent(size)
 
 
-@pytest.mark.anyio
-async def test_a_client_far_behind_on_states_gets_the_newest_of_each_process() -> None:
+def test_a_client_far_behind_on_states_gets_the_newest_of_each_process() -> None:
     sink = MonitorSink(Monitor(True, "demo"))
     client = _joined(sink)
     for i in range(STATE_QUEUE + 500):
@@ -704,8 +715,7 @@ async def test_a_client_far_behind_on_states_gets_the_newest_of_each_process() -
     ]
 
 
-@pytest.mark.anyio
-async def test_the_monitor_keeps_a_bounded_history_of_what_processes_cost() -> None:
+def test_the_monitor_keeps_a_bounded_history_of_what_processes_cost() -> None:
     monitor = Monitor(True, "demo")
     sink = MonitorSink(monitor)
     client = _joined(sink)

@@ -29,6 +29,7 @@ import anyio.to_thread
 import msgspec
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
+from tests.helpers.loops import BOTH_LOOPS, OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, group_members, wait_gone
 
 import corral
@@ -36,6 +37,13 @@ from corral._logs._collector import DEFAULT_MAX_BYTES
 from corral._logs._wire import MAX_FRAME, PROTOCOL_VERSION, Hello, Record, encode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+# One loop (tests/helpers/loops.py): records are decoded, routed and handled on a worker
+# thread whatever the loop.  The server's own waits run on the loop (the hello's deadline,
+# the accept loop, the drain and linger of a connection at its child's exit): those tests
+# run on both.
+anyio_backend = one_loop()
+
 
 PY = sys.executable
 PIPE = subprocess.PIPE
@@ -270,6 +278,7 @@ IDLE = """
     """
 
 
+@OTHER_LOOP
 async def test_flood_then_os_exit_loses_nothing(tag: str) -> None:
     n = 5000
     logs = Recorder()
@@ -720,6 +729,7 @@ async def test_a_bad_frame_is_hung_up_on_at_once(tag: str) -> None:
                 await raw.receive()
 
 
+@BOTH_LOOPS
 async def test_no_hello_in_time(tag: str) -> None:
     logs = Recorder()
     async with corral.open_runner(console=False, handlers=[logs]) as r:
@@ -735,6 +745,7 @@ async def test_no_hello_in_time(tag: str) -> None:
     assert warning == f"log connection from pid {os.getpid()}: no hello within 0.2 s"
 
 
+@BOTH_LOOPS
 @pytest.mark.parametrize("sent", ["nothing", "part of a hello"])
 async def test_closed_before_the_hello(sent: str, tag: str) -> None:
     logs = Recorder()
@@ -752,6 +763,7 @@ async def test_closed_before_the_hello(sent: str, tag: str) -> None:
 # -- backpressure -------------------------------------------------------------------------
 
 
+@BOTH_LOOPS
 async def test_a_blocked_handler_blocks_the_child_not_the_launchers_memory(tag: str) -> None:
     logs = Gated()
     payload = "x" * 4000
@@ -846,6 +858,7 @@ async def test_two_runners_have_different_secrets_and_paths(tag: str) -> None:
     assert os.path.dirname(path_a) != os.path.dirname(path_b)
 
 
+@BOTH_LOOPS
 async def test_connections_queued_at_exit_are_still_served(tag: str) -> None:
     logs = Recorder()
     async with corral.open_runner(console=False, handlers=[logs]) as r:
@@ -859,6 +872,7 @@ async def test_connections_queued_at_exit_are_still_served(tag: str) -> None:
     assert logs.warnings() == []
 
 
+@BOTH_LOOPS
 async def test_a_child_gone_before_its_connection_was_accepted_is_heard(tag: str) -> None:
     logs = Recorder()
     async with corral.open_runner(console=False, handlers=[logs]) as r:
@@ -959,12 +973,14 @@ async def run_out_of_descriptors(backend: str, when: str, tag: str) -> list[str]
     return done.stdout.decode().splitlines()
 
 
+@BOTH_LOOPS
 async def test_accept_survives_running_out_of_descriptors(anyio_backend: str, tag: str) -> None:
     warned, got = await run_out_of_descriptors(anyio_backend, "recover", tag)
     assert warned == "1 cannot accept log connections"
     assert got == " ".join(f"from {i}" for i in range(8))
 
 
+@BOTH_LOOPS
 async def test_exit_while_out_of_descriptors_serves_the_backlog(
     anyio_backend: str, tag: str
 ) -> None:
@@ -979,6 +995,7 @@ async def test_exit_while_out_of_descriptors_serves_the_backlog(
 # -- connections that outlive their process (issue 7, item 2) -----------------------------
 
 
+@BOTH_LOOPS
 async def test_a_daemon_holding_the_connection_does_not_block_wait(tag: str) -> None:
     logs = Recorder()
     code = """
@@ -1013,6 +1030,7 @@ async def test_a_daemon_holding_the_connection_does_not_block_wait(tag: str) -> 
     assert "after its process exited" in warning
 
 
+@BOTH_LOOPS
 async def test_a_daemon_logging_on_is_cut_after_the_linger_deadline(
     tag: str, tmp_path: Path
 ) -> None:
@@ -1064,6 +1082,7 @@ async def test_a_daemon_logging_on_is_cut_after_the_linger_deadline(
     )
 
 
+@BOTH_LOOPS
 async def test_a_daemons_own_connection_is_cut_at_the_runners_exit(tag: str) -> None:
     # A descendant that left the group and connected itself may go on logging under its
     # parent's source after the parent exited; but the runner's exit waits for it only

@@ -27,11 +27,16 @@ from pathlib import Path
 
 import pyte
 import pytest
+from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler
 
 import corral
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+# One loop (tests/helpers/loops.py): lines are split, progress frames kept and the console
+# drawn on a worker thread whatever the loop.  One end-to-end case runs on the other.
+anyio_backend = one_loop()
 
 PY = sys.executable
 
@@ -201,6 +206,7 @@ os.write(1, b"last\\r\\n")
 """
 
 
+@OTHER_LOOP
 async def test_crlf_line_endings_are_ordinary_lines(tmp_path: Path, tag: str) -> None:
     logs = ListHandler()
     async with corral.open_runner(name="pb", console=False, handlers=[logs], log_dir=tmp_path) as r:

@@ -122,6 +122,9 @@ class AgentLink(_link.Link):
         except _link.LinkLost:
             pass
 
+    async def result_part(self, host: int, message: _link.ResultPart) -> None:
+        await self._report(message)  # as it came: one part per send, heartbeats between
+
     async def result(self, host: int, message: _link.WorkerResult) -> None:
         await self._report(message)
 
@@ -234,4 +237,6 @@ async def _report_usage(link: AgentLink, workers: HostWorkers) -> None:
             except _link.LinkLost:
                 return
             said = bool(figures)
-        await anyio.sleep(INTERVAL - (anyio.current_time() - began))
+        # Until the next tick, which may be due already: the send may have waited
+        # (behind a large frame, on a slow link) for longer than the interval.
+        await anyio.sleep_until(began + INTERVAL)

@@ -123,6 +123,7 @@ async def _launch_here(
     job = plan.job(0, payload, "127.0.0.1", free_port("127.0.0.1"))
     try:
         async with anyio.create_task_group() as tg:
+            coordinator.serve(tg)
 
             async def run() -> None:
                 await workers.run(job, coordinator)

@@ -62,9 +62,18 @@ Agent to launcher:
     complete lines one worker (or the agent itself) wrote to stdout or stderr.
 ``Records``
     :mod:`logging` records of one worker, as the log wire format's records.
-``WorkerResult`` / ``WorkerError``
-    a worker's return value (pickled), or its exception (pickled if it
-    survives a round trip, else boxed: type name, message, traceback text).
+``ResultPart`` / ``WorkerResult``
+    a worker's return value, pickled.  A pickle of more than
+    :data:`PART_SIZE` bytes goes as ``ResultPart`` frames of that size,
+    then its last piece as the ``WorkerResult``: no frame of the link is
+    ever much bigger than that, so nothing else (a heartbeat, a log line)
+    waits behind a large result for longer than one part takes, and the
+    receiver unpickles the value as its parts come (see
+    :mod:`corral._launch._coordinator`) instead of holding the whole
+    pickle and the value at once.
+``WorkerError``
+    a worker's exception (pickled if it survives a round trip, else boxed:
+    type name, message, traceback text).
 ``WorkerExit``
     a worker's process has exited (return code, stderr tail, and what its
     error file says, if it wrote one).
@@ -118,6 +127,7 @@ __all__ = [
     "MAX_HELLO",
     "MAX_LINK_FRAME",
     "MAX_PENDING_HELLOS",
+    "PART_SIZE",
     "AgentConfig",
     "AgentDone",
     "AgentHello",
@@ -129,6 +139,7 @@ __all__ = [
     "LinkMessage",
     "Ready",
     "Records",
+    "ResultPart",
     "Stop",
     "Stopping",
     "Usage",
@@ -144,11 +155,14 @@ __all__ = [
     "read_hello",
 ]
 
-LINK_VERSION: Final = 1
+LINK_VERSION: Final = 2
 """The version of this protocol; an agent speaking another is refused."""
 
 #: A frame on an authenticated link may be this big: pickled arguments and results can be large.
 MAX_LINK_FRAME: Final = 1 << 30
+
+#: A worker's pickled return value goes in parts of at most this many bytes (see ``ResultPart``).
+PART_SIZE: Final = 256 * 1024
 
 #: The largest hello (the one frame allowed before the secret is checked), in bytes.
 MAX_HELLO: Final = 4096
@@ -198,11 +212,18 @@ class Records(msgspec.Struct, tag="records", array_like=True, frozen=True):
     records: list[Record]
 
 
-class WorkerResult(msgspec.Struct, tag="result", array_like=True, frozen=True):
+class ResultPart(msgspec.Struct, tag="part", array_like=True, frozen=True):
+    """A piece of a worker's pickled return value; the ``WorkerResult`` that ends it follows."""
+
     local_rank: int
-    #: The pickled value.  Decoded as a view into the frame's buffer, not a
-    #: copy: a result may be hundreds of megabytes (see ``Coordinator.result``).
-    payload: memoryview
+    data: bytes
+
+
+class WorkerResult(msgspec.Struct, tag="result", array_like=True, frozen=True):
+    """A worker's pickled return value, or the last piece of it (after its ``ResultPart``s)."""
+
+    local_rank: int
+    payload: bytes
 
 
 class WorkerError(msgspec.Struct, tag="error", array_like=True, frozen=True):
@@ -270,6 +291,7 @@ LinkMessage: TypeAlias = (
     | Ready
     | Lines
     | Records
+    | ResultPart
     | WorkerResult
     | WorkerError
     | WorkerExit

@@ -165,6 +165,8 @@ class _Remote:
         elif isinstance(message, _link.Ready):
             agent.master_port = message.master_port
             agent.ready.set()
+        elif isinstance(message, _link.ResultPart):
+            await self.coordinator.result_part(index, message)
         elif isinstance(message, _link.WorkerResult):
             await self.coordinator.result(index, message)
         elif isinstance(message, _link.WorkerError):
@@ -476,6 +478,7 @@ async def launch_remote(
             listeners[address] = made
             ports[address] = made.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
         async with anyio.create_task_group() as tg:
+            coordinator.serve(tg)
             for each in listeners.values():
                 tg.start_soon(remote.serve, each, tg)
             stopped = False  # by a cancellation or a signal

@@ -85,17 +85,33 @@ def main() -> int:
         code = 1
     else:
         try:
-            outcome = _link.WorkerResult(local_rank, memoryview(pickle.dumps(value)))
+            pickled = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
             code = 0
         except Exception as exc:
             exc.add_note(f"the return value of rank {os.environ.get('RANK')} could not be pickled")
             outcome = _error(local_rank, exc, group)
             code = 1
+        del value
     sys.stdout.flush()
     sys.stderr.flush()
-    _write_all(fd, _link.encode(outcome))
+    if code == 0:
+        _write_result(fd, local_rank, pickled)
+    else:
+        _write_all(fd, _link.encode(outcome))
     os.close(fd)
     return code
+
+
+def _write_result(fd: int, local_rank: int, pickled: bytes) -> None:
+    """The pickled return value: in parts of ``PART_SIZE`` bytes, the last as the result."""
+    from . import _link
+
+    view = memoryview(pickled)
+    size = _link.PART_SIZE
+    while len(view) > size:
+        _write_all(fd, _link.encode(_link.ResultPart(local_rank, view[:size])))  # type: ignore[arg-type]
+        view = view[size:]
+    _write_all(fd, _link.encode(_link.WorkerResult(local_rank, view)))  # type: ignore[arg-type]
 
 
 def _init_process_group(group: str) -> None:

@@ -31,6 +31,8 @@ __all__ = ["HostWorkers", "Reporter"]
 class Reporter(Protocol):
     """Where a host's workers' outcomes go (the launch coordinator, or the link)."""
 
+    async def result_part(self, host: int, message: _link.ResultPart) -> None: ...
+
     async def result(self, host: int, message: _link.WorkerResult) -> None: ...
 
     async def error(self, host: int, message: _link.WorkerError) -> None: ...
@@ -234,7 +236,9 @@ class HostWorkers:
                     except WireError:
                         break  # garbage from a dying worker: its exit says the rest
                     for message in messages:
-                        if isinstance(message, _link.WorkerResult):
+                        if isinstance(message, _link.ResultPart):
+                            await reporter.result_part(self._host, message)
+                        elif isinstance(message, _link.WorkerResult):
                             await reporter.result(self._host, message)
                         elif isinstance(message, _link.WorkerError):
                             await reporter.error(self._host, message)
