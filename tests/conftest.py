@@ -48,6 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SESSION_SIGNALS)
     if not hasattr(config, "workerinput"):
         compile_once()
+        if config.option.basetemp is None:
+            config.option.basetemp = short_basetemp()
     _reaper.session()
     if not hasattr(config, "workerinput") and _parallel(config):
         # The controller of a parallel session: its workers, started after this, inherit it.
@@ -78,6 +80,35 @@ def compile_once() -> None:
     root = Path(__file__).resolve().parents[1]
     for folder in COMPILED:
         compileall.compile_dir(root / folder, quiet=1)
+
+
+# -- a short temporary root: Unix socket paths have room --------------------------------------
+
+#: Sessions' temporary roots of a slot kept after they ended (the newest), for a look after.
+KEPT_ROOTS = 3
+
+
+def short_basetemp() -> Path:
+    """``/tmp/ct<slot>.<pid>``: the session's ``tmp_path`` root, 16 characters shorter than
+    pytest's ``/tmp/pytest-of-root/pytest-<N>``.
+
+    A Unix socket's path holds at most 107 bytes.  The runner's log socket lives in a folder of
+    its own under ``TMPDIR`` (``corral-log-XXXXXXXX/log.sock``, 28 characters), and tests that
+    set ``TMPDIR`` to their ``tmp_path`` (a pytest-xdist worker's adds ``/popen-gw<N>``) put it
+    near that limit.  The roots of this slot's sessions that are no longer running are removed
+    but the newest few (pytest keeps three too).
+    """
+    slot = os.environ.get("CORRAL_TEST_SLOT", "0")
+    parent = Path(tempfile.gettempdir())
+    ended = []
+    for old in parent.glob(f"ct{slot}.*"):
+        pid = old.name.rpartition(".")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            ended.append(old)
+    ended.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in ended[KEPT_ROOTS - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
+    return parent / f"ct{slot}.{os.getpid()}"
 
 
 # -- a parallel session (pytest-xdist): the tests that must run alone ---------------------------

@@ -272,8 +272,11 @@ async def test_every_method_of_every_public_class_is_ki_protected_on_trio() -> N
     assert not _is_marked(_helper_of_this_test.__code__)
 
 
-#: The units whose code is the application's, not the runner's: not protected on Trio.
-APPLICATION_SIDE = {"__init__", "_facade", "child", "testing", "_cli", "_sync", "_agent", "_worker"}
+#: The units whose code is the application's or a child's, not the runner's: not protected.
+APPLICATION_SIDE = {
+    *("__init__", "_facade", "child", "testing", "_cli", "_sync", "_agent", "_worker"),
+    "_startup",  # the start-up hook of a runner's Python children
+}
 
 
 def _own_functions(module: types.ModuleType) -> Iterator[types.CodeType]:

@@ -101,7 +101,7 @@ class Child:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(command).encode() + b"\n")
         self.proc.stdin.flush()
-        return self.wait_line(lambda line: line.startswith(("ok ", "burst ")))
+        return self.wait_line(lambda line: line.startswith("ok "))
 
     def end_input(self) -> None:
         """Close its stdin (a launcher then ends its runner)."""
@@ -136,16 +136,14 @@ C = TypeVar("C", bound=Child)
 
 @contextmanager
 def launched(
-    kind: type[C], script: str, path: Path, *args: str, env: dict[str, str] | None = None
+    kind: type[C], argv: list[str], path: Path, *, env: dict[str, str] | None = None
 ) -> Iterator[C]:
-    """The launcher program ``script``, written to ``path`` and run with ``args``, once it is up.
+    """The launcher program ``argv`` (``tests/programs/launcher.py``), once it is up.
 
     A launcher prints ``url URL`` first (its monitor's address, or ``url -``), which is then its
     :attr:`Child.url`, and obeys the commands it reads on its stdin; its stderr goes to the file
     ``path`` with the suffix ``.err``.  It is killed at the end if it is still running.
     """
-    path.write_text(script)
-    argv = [sys.executable, str(path), *args]
     with kind(argv, path.with_suffix(".err"), stdin=True, env=env) as child:
         child.url = child.wait_line(lambda line: line.startswith("url ")).split()[1]
         yield child

@@ -1,7 +1,7 @@
 """Every buffer has a bound in bytes: the launcher's memory under floods and abuse.
 
-Each test runs a launcher in another process (:data:`LAUNCHER`, a runner that obeys
-JSON commands on its stdin) and reads its resident size from ``/proc``: the growth
+Each test runs a launcher in another process (``tests/programs/launcher.py``, a runner that
+obeys JSON commands on its stdin) and reads its resident size from ``/proc``: the growth
 of its peak (``VmHWM``, reset through ``/proc/PID/clear_refs`` before the scenario)
 over what it held before.  docs/howto/limits.rst lists every bound these tests check.
 """
@@ -16,7 +16,6 @@ import statistics
 import struct
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from tests.helpers.commands import Child, launched, stuck_client, websocket_requ
 from tests.helpers.loops import BOTH_LOOPS, one_loop
 from tests.helpers.processes import ListHandler
 from tests.monitor.test_monitor import LOOPBACK, MonitorClient, monitored
+from tests.programs import program
 
 import corral
 from corral._core._pipes import CHUNK, STREAM_BUFFER
@@ -44,6 +44,8 @@ from corral._logs._sources import (
     Source,
 )
 from corral._logs._wire import MAX_HELLO
+from corral._monitor import _asyncio as _monitor_asyncio
+from corral._monitor import _trio as _monitor_trio
 from corral._monitor._clients import (
     MESSAGE_BYTES,
     MIN_MESSAGE,
@@ -75,137 +77,17 @@ PY = sys.executable
 PIPE = subprocess.PIPE
 LOG = corral.LOG
 
-#: A runner in a process of its own (``argv``: backend, options as JSON for
-#: ``open_runner``) that prints ``url URL`` (its monitor's, or ``-``) and then
-#: obeys JSON commands on stdin, each answered with one line starting with ``ok``:
-#: ``["reset"]`` resets the peak resident size and answers the current one (KiB);
-#: ``["memory"]`` answers ``VmRSS VmHWM`` (KiB); ``["run", N, LINES, ARGV]`` runs N
-#: children ``ARGV`` at once, each printing LINES lines, and answers the seconds until every
-#: line they printed reached a counting handler (the count, in the answer
-#: ``ok run SECONDS LINES CPU``, CPU the launcher's own CPU seconds meanwhile, all its
-#: threads); ``["clients", N]`` waits until the monitor has N
-#: clients; ``["socket"]`` answers the log socket's path (as a child sees it);
-#: ``["quit"]`` or EOF ends the runner.
-LAUNCHER = textwrap.dedent(
-    '''
-    import json, logging, os, subprocess, sys, threading, time
-    import anyio
-    import corral
-
-    backend, options = sys.argv[1], json.loads(sys.argv[2])
-
-
-    class Counter(logging.Handler):
-        """Counts the lines of the "run" children: a handler that loses none."""
-
-        def __init__(self):
-            super().__init__(logging.DEBUG)
-            self.count = 0
-            self.changed = threading.Condition()
-
-        def emit(self, record):
-            with self.changed:
-                self.count += 1
-                self.changed.notify_all()
-
-        def wait(self, count):
-            with self.changed:
-                self.changed.wait_for(lambda: self.count >= count, 60)
-                return self.count
-
-
-    def memory():
-        found = {}
-        with open("/proc/self/status") as status:
-            for line in status:
-                name, _, value = line.partition(":")
-                if name in ("VmRSS", "VmHWM"):
-                    found[name] = int(value.split()[0])
-        return found["VmRSS"], found["VmHWM"]
-
-
-    def reply(command, *words):
-        print("ok", command, *words, flush=True)
-
-
-    async def main():
-        counting = options.pop("counting", False)
-        counter = Counter()
-        handlers = [corral.Route(counter, pattern="run-*")] if counting else []
-        async with corral.open_runner(console=False, handlers=handlers, **options) as r:
-            print("url", r.monitor_url or "-", flush=True)
-            runs = 0
-            while True:
-                line = await anyio.to_thread.run_sync(sys.stdin.readline)
-                command, *args = json.loads(line) if line.strip() else ["quit"]
-                if command == "quit":
-                    break
-                if command == "reset":
-                    with open("/proc/self/clear_refs", "w") as f:
-                        f.write("5")
-                    reply(command, memory()[0])
-                elif command == "memory":
-                    reply(command, *memory())
-                elif command == "run":
-                    count, each, argv = args
-                    before = counter.count
-                    start, cpu = time.perf_counter(), time.process_time()
-                    async with anyio.create_task_group() as tg:
-                        for i in range(count):
-                            runs += 1
-                            tg.start_soon(
-                                lambda n: r.run(argv, name=n),
-                                f"run-{runs}",
-                            )
-                    lines = 0
-                    if counting:
-                        expected = before + count * each
-                        lines = await anyio.to_thread.run_sync(counter.wait, expected)
-                        lines -= before
-                    reply(command, time.perf_counter() - start, lines, time.process_time() - cpu)
-                elif command == "clients":
-                    # The monitor's own list (private): for the tests' sake only.
-                    while len(r._monitor.clients()) != args[0]:
-                        await anyio.sleep(0.005)
-                    reply(command)
-                elif command == "socket":
-                    code = "import os; print(os.environ['CORRAL_LOG_SOCKET'])"
-                    done = await r.run(
-                        [sys.executable, "-c", code], stdout=subprocess.PIPE, name="where"
-                    )
-                    reply(command, done.stdout.decode().strip())
-
-
-    anyio.run(main, backend=backend)
-    '''
-)
-
-#: A child that prints ``argv[1]`` lines of ``argv[2]`` bytes (newline included), fast.
-LINES = textwrap.dedent(
-    """
-    import os, sys
-    count, length = int(sys.argv[1]), int(sys.argv[2])
-    line = b"x" * (length - 1) + b"\\n"
-    per_write = max(1, 65536 // length)
-    block = line * per_write
-    written = 0
-    while written < count:
-        n = min(per_write, count - written)
-        os.write(1, block if n == per_write else line * n)
-        written += n
-    """
-)
-
 
 def lines_argv(count: int, length: int) -> list[str]:
-    """A child that prints ``count`` lines of ``length`` bytes (newline included) as :data:`LINES`
-    does, made of small C programs: a hundred of them cost far less than as many interpreters."""
+    """A child that prints ``count`` lines of ``length`` bytes (newline included) as
+    ``tests/programs/lines.py`` does, made of small C programs: a hundred of them cost far
+    less than as many interpreters."""
     line = f"head -c {length - 1} /dev/zero | tr '\\0' x; echo"
     return ["sh", "-c", f"i=0; while [ $i -lt {count} ]; do {line}; i=$((i + 1)); done"]
 
 
 class Launcher(Child):
-    """The :data:`LAUNCHER` program: ``url``, ``command()``, ``memory()``, ``run()``."""
+    """``tests/programs/launcher.py``: ``url``, ``command()``, ``memory()``, ``run()``."""
 
     def command(self, *command: Any, timeout: float = 60) -> str:
         """Send a command; return its answer."""
@@ -223,20 +105,21 @@ class Launcher(Child):
         """Reset its peak resident size; its resident size now (KiB)."""
         return int(self.command("reset").split()[2])
 
-    def run(self, children: int, code: str, *argv: object, timeout: float = 60) -> float:
-        """Run ``children`` copies of ``code`` at once; seconds until their lines were in."""
-        return self.run_costs(children, code, *argv, timeout=timeout)[0]
+    def run(self, children: int, name: str, *argv: object, timeout: float = 60) -> float:
+        """Run ``children`` copies of the program ``name`` at once; seconds until their lines
+        were in."""
+        return self.run_costs(children, name, *argv, timeout=timeout)[0]
 
     def run_costs(
-        self, children: int, code: str, *argv: object, timeout: float = 60
+        self, children: int, name: str, *argv: object, timeout: float = 60
     ) -> tuple[float, float]:
         """:meth:`run`'s seconds, and the CPU seconds the launcher spent meanwhile.
 
         ``argv[0]``, if there is one, is how many lines each child prints (as for
-        :data:`LINES`); the launcher counts them if told to (``counting``).
+        ``lines.py``); the launcher counts them if told to (``counting``).
         """
         each = int(str(argv[0])) if argv and str(argv[0]).isdigit() else 0
-        return self.run_argv(children, each, [PY, "-c", code, *map(str, argv)], timeout=timeout)
+        return self.run_argv(children, each, program(name, *argv), timeout=timeout)
 
     def run_argv(
         self, children: int, each: int, argv: list[str], timeout: float = 60
@@ -248,10 +131,13 @@ class Launcher(Child):
 
 
 @contextmanager
-def launcher(tmp_path: Path, backend: str, **options: Any) -> Iterator[Launcher]:
-    """:data:`LAUNCHER` with ``options``; it must end well once its input is closed."""
-    path = tmp_path / "bounds_launcher.py"
-    with launched(Launcher, LAUNCHER, path, backend, json.dumps(options)) as child:
+def launcher(
+    tmp_path: Path, backend: str, *, counting: bool = False, **options: Any
+) -> Iterator[Launcher]:
+    """``launcher.py`` with the runner's ``options``; it must end well once its input is
+    closed."""
+    config = json.dumps({"runner": options, "counting": counting})
+    with launched(Launcher, program("launcher", backend, config), tmp_path / "launcher") as child:
         yield child
         child.end_input()
         assert child.finish(timeout=30) == 0, child.text()
@@ -285,9 +171,9 @@ def test_a_monitor_without_clients_keeps_megabyte_lines_bounded(
 ) -> None:
     """300 lines of 1 MiB with nobody watching: the monitor keeps a bounded recent part."""
     with launcher(tmp_path, anyio_backend, monitor=True) as runner:
-        runner.run(1, LINES, 10, 1 << 20)  # warm up
+        runner.run(1, "lines", 10, 1 << 20)  # warm up
         before = runner.reset()
-        runner.run(1, LINES, 300, 1 << 20)
+        runner.run(1, "lines", 300, 1 << 20)
         grown = grown_mib(runner, before)
     # Without a monitor the same flood costs the launcher 8 to 14 MiB (the collector's
     # queue, a read being split); the monitor may add its recent-output buffer.
@@ -302,10 +188,10 @@ def test_stuck_monitor_clients_cost_bounded_memory(
 ) -> None:
     """Clients that never read, 16 KiB lines: bounded per client and in total."""
     with launcher(tmp_path, anyio_backend, monitor=True) as runner:
-        runner.run(1, LINES, 2000, 16384)  # warm up
+        runner.run(1, "lines", 2000, 16384)  # warm up
         with stuck_clients(runner, clients):
             before = runner.reset()
-            runner.run(1, LINES, 20_000, 16384)  # 320 MiB
+            runner.run(1, "lines", 20_000, 16384)  # 320 MiB
             grown = grown_mib(runner, before)
     assert grown < 48, f"{clients} stuck clients: the launcher grew by {grown:.0f} MiB"
 
@@ -321,15 +207,15 @@ def test_two_hundred_stuck_clients_barely_slow_a_flood(tmp_path: Path, anyio_bac
     lines = 20_000
     cpu: dict[str, list[float]] = {"without": [], "with": []}
     with launcher(tmp_path, anyio_backend, monitor=True, counting=True) as runner:
-        runner.run(1, LINES, lines, 200)  # warm up
+        runner.run(1, "lines", lines, 200)  # warm up
         for _ in range(2):
-            cpu["without"].append(runner.run_costs(1, LINES, lines, 200)[1])
+            cpu["without"].append(runner.run_costs(1, "lines", lines, 200)[1])
         with stuck_clients(runner, 200):
-            runner.run(1, LINES, lines, 200)  # every client is stuck by now
+            runner.run(1, "lines", lines, 200)  # every client is stuck by now
             for _ in range(3):
-                cpu["with"].append(runner.run_costs(1, LINES, lines, 200)[1])
+                cpu["with"].append(runner.run_costs(1, "lines", lines, 200)[1])
         for _ in range(2):  # before and after: a drift of the machine's load weighs on neither
-            cpu["without"].append(runner.run_costs(1, LINES, lines, 200)[1])
+            cpu["without"].append(runner.run_costs(1, "lines", lines, 200)[1])
     without, with_stuck = statistics.median(cpu["without"]), statistics.median(cpu["with"])
     # The target is 10% (bench/monitor.py measures it); what this catches is work per client
     # and read (that made it 9-12x slower).  At this small a flood a loaded machine was seen
@@ -397,15 +283,6 @@ def _honest_monitor_client(url: str) -> dict[str, Any]:
         return message
 
 
-HONEST_LOGGER = textwrap.dedent(
-    """
-    import logging, corral.child
-    corral.child.connect(logging.INFO)
-    logging.getLogger("honest").info("still heard")
-    """
-)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("anyio_backend", "where"),
@@ -418,7 +295,7 @@ def test_unauthenticated_peers_cost_a_few_mib_and_honest_ones_still_work(
     """Peers that announce huge frames or send endless request headers, or many that
     hold what they may before the listener checked them: the launcher barely grows."""
     with launcher(tmp_path, anyio_backend, monitor=True, counting=True) as runner:
-        runner.run(1, HONEST_LOGGER, 0)  # warm up
+        runner.run(1, "honest_logger", 0)  # warm up
         _honest_monitor_client(runner.url)
         before = runner.reset()
         peers = _hostile_peers(runner, where, abuse)
@@ -426,7 +303,7 @@ def test_unauthenticated_peers_cost_a_few_mib_and_honest_ones_still_work(
             grown = grown_mib(runner, before)
             # Meanwhile, the honest still get through.
             assert _honest_monitor_client(runner.url)["type"] == "hello"
-            answer = runner.command("run", 1, 1, [PY, "-c", HONEST_LOGGER, "1"]).split()
+            answer = runner.command("run", 1, 1, program("honest_logger", 1)).split()
             assert answer[3] == "1", answer
             grown = max(grown, grown_mib(runner, before))
         finally:
@@ -449,10 +326,10 @@ def _text(records: list[logging.LogRecord]) -> int:
 async def test_a_backlog_keeps_to_its_bound_in_bytes() -> None:
     """Four lines of 1 MiB, then a tail: it gets the end of the last one, 256 KiB."""
     async with corral.open_runner(console=False) as r:
-        p = await r.start([PY, "-c", LINES, "4", str(1 << 20)], name="big")
+        p = await r.start(program("lines", 4, 1 << 20), name="big")
         await p.wait()
         records = [record async for record in p.logs()]
-        q = await r.start([PY, "-c", LINES, "5000", "100"], name="many")
+        q = await r.start(program("lines", 5000, 100), name="many")
         await q.wait()
         many = [record async for record in q.logs()]
     assert _text(records) <= BACKLOG_BYTES
@@ -501,39 +378,6 @@ def test_backlogs_of_many_children_cost_a_bounded_total(tmp_path: Path, anyio_ba
     assert grown < 64, f"the launcher grew by {grown:.0f} MiB"
 
 
-#: A child that writes ``argv[2]`` records or lines of 64 KiB (to stdout, or through
-#: ``corral.child.connect`` with ``argv[1] == "logging"``) and exits with 3 as soon as
-#: it finds itself held back (its pipe or socket unwritable for a second), 0 if never.
-HELD_BACK = textwrap.dedent(
-    """
-    import logging, os, select, sys
-    import corral.child
-    kind, count = sys.argv[1], int(sys.argv[2])
-    text = "x" * 65535
-    if kind == "logging":
-        handler = corral.child.connect(logging.INFO)
-        fd = handler._sock.fileno()
-        log = logging.getLogger("held")
-    else:
-        fd = 1
-        os.set_blocking(1, False)
-    for i in range(count):
-        if not select.select([], [fd], [], 0)[1] and not select.select([], [fd], [], 1.0)[1]:
-            sys.exit(3)
-        if kind == "logging":
-            log.info(text)
-        else:
-            data = (text + "\\n").encode()
-            while data:
-                try:
-                    data = data[os.write(1, data):]
-                except BlockingIOError:
-                    if not select.select([], [1], [], 1.0)[1]:
-                        sys.exit(3)
-    """
-)
-
-
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["stdout", "logging"])
@@ -541,7 +385,7 @@ async def test_a_tail_that_is_not_read_holds_a_bounded_amount(kind: str) -> None
     """A tail opened and never read: its buffer of 1,024 records is bounded in bytes too,
     and the child is held back (over its pipe and over its log connection alike)."""
     async with corral.open_runner(console=False) as r:
-        p = await r.start([PY, "-c", HELD_BACK, kind, "400"], name="held", check=False)
+        p = await r.start(program("held_back", kind, 400), name="held", check=False)
         tail = p.logs()
         code = await p.wait()
         held = _text(list(tail._records))
@@ -608,7 +452,15 @@ async def test_a_client_message_over_the_bound_closes_only_that_client() -> None
 @BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(20)
-async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -> None:
+async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The deadline is HANDSHAKE_TIMEOUT (5 s); each server reads it when it needs it, and here
+    # it is 1 s, so that the test waits out less.  The lower bound shows the deadline is kept.
+    deadline = 1.0
+    assert HANDSHAKE_TIMEOUT == 5.0  # what docs/howto/monitor.rst and limits.rst say
+    monkeypatch.setattr(_monitor_trio, "HANDSHAKE_TIMEOUT", deadline)
+    monkeypatch.setattr(_monitor_asyncio, "HANDSHAKE_TIMEOUT", deadline)
     async with corral.open_runner(name="demo", monitor=LOOPBACK, console=False) as r:
         assert r.monitor_url is not None
         port = urllib.parse.urlsplit(r.monitor_url).port
@@ -616,14 +468,14 @@ async def test_a_request_that_never_ends_is_closed_at_the_handshake_deadline() -
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
             start = time.monotonic()
             await stream.send(b"GET /?token=")
-            with anyio.fail_after(HANDSHAKE_TIMEOUT + 5):
+            with anyio.fail_after(deadline + 10):
                 try:
                     while True:
                         await stream.receive()
                 except (anyio.EndOfStream, anyio.BrokenResourceError):
                     pass
             took = time.monotonic() - start
-    assert HANDSHAKE_TIMEOUT - 0.5 < took < HANDSHAKE_TIMEOUT + 1.5, took
+    assert deadline - 0.1 < took < deadline + 5, took  # room above: a loaded machine
 
 
 # -- the monitor's queue, on its own --------------------------------------------------------------
@@ -784,7 +636,7 @@ async def test_pipes_are_read_a_bounded_block_at_a_time() -> None:
 @pytest.mark.timeout(30)
 async def test_an_unread_log_and_pipe_stream_holds_a_bounded_amount() -> None:
     async with corral.open_runner(console=False) as r:
-        argv = [PY, "-c", HELD_BACK, "stdout", "400"]  # 25 MiB
+        argv = program("held_back", "stdout", 400)  # 25 MiB
         p = await r.start(argv, name="held", stdout=LOG | PIPE, check=False)
         assert p.stdout is not None
         code = await p.wait()

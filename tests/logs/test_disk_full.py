@@ -22,21 +22,13 @@ import pytest
 from tests.cli.test_cli import corral
 from tests.helpers.processes import ListHandler
 from tests.monitor.test_monitor import MonitorClient
+from tests.programs import program
 
 import corral as corral_lib
 
 pytestmark = pytest.mark.timeout(60)
 
 PY = sys.executable
-
-#: Prints N numbered lines for each number N read on stdin.
-CHILD = """
-import sys
-for command in sys.stdin:
-    start, count = map(int, command.split())
-    sys.stdout.write("".join(f"line {i:06d}\\n" for i in range(start, start + count)))
-    sys.stdout.flush()
-"""
 
 
 @pytest.fixture
@@ -74,7 +66,7 @@ async def test_a_full_disk_suspends_the_files_counts_and_resumes(
         assert r.monitor_url is not None
         watcher = await MonitorClient.connect(r.monitor_url)
         tg.start_soon(watcher.rest)  # to the monitor's end
-        proc = await r.start([PY, "-c", CHILD], name="flood", stdin=subprocess.PIPE)
+        proc = await r.start(program("numbered_lines"), name="flood", stdin=subprocess.PIPE)
         assert proc.stdin is not None
         await proc.stdin.send(b"0 5000\n")  # 60 KB: more than is left
         assert await every.wait_for(

@@ -13,6 +13,7 @@ import anyio
 import pytest
 from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import ListHandler
+from tests.programs import program
 
 import corral
 
@@ -247,47 +248,6 @@ def test_log_files_cap_open_descriptors(tmp_path: Path) -> None:
     assert (tmp_path / "r.p0.log").read_text().count("\n") == 5
 
 
-FLOOD_LAUNCHER = """
-import logging, sys, time, anyio, corral
-
-class Slow(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.count = 0
-        self.bytes = 0
-    def emit(self, record):
-        self.count += 1
-        self.bytes += len(record.msg)
-        if self.count % 8 == 0:
-            time.sleep(0.0002)  # a slow disk: about 250 MB/s
-
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-
-CHILD = (
-    "import os\\n"
-    "line = b'x' * 32767 + b'\\\\n'\\n"
-    "block = line * 32\\n"
-    "for _ in range(1024): os.write(1, block)\\n"  # 1 GiB, as fast as the pipe takes it
-)
-
-async def main():
-    handler = Slow()
-    async with corral.open_runner(console=False, handlers=[handler]) as r:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak RSS
-        before = rss("VmRSS")
-        await r.run([sys.executable, "-c", CHILD], name="flood")
-        peak = rss("VmHWM")
-    print(handler.count, handler.bytes, peak - before)
-
-anyio.run(main, backend=sys.argv[1])
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @OTHER_LOOP
@@ -295,7 +255,7 @@ def test_gigabyte_flood_with_slow_handler_is_bounded_and_complete(anyio_backend:
     import subprocess
 
     out = subprocess.run(
-        [PY, "-c", FLOOD_LAUNCHER, anyio_backend], capture_output=True, text=True, timeout=170
+        program("slow_handler_flood", anyio_backend), capture_output=True, text=True, timeout=170
     )
     assert out.returncode == 0, out.stderr
     count, nbytes, growth = map(int, out.stdout.split())
@@ -304,29 +264,10 @@ def test_gigabyte_flood_with_slow_handler_is_bounded_and_complete(anyio_backend:
     assert growth < 64 * 1024 * 1024, f"launcher grew by {growth / 2**20:.1f} MiB"
 
 
-CONNECTED_CHILD = """
-import logging, os, threading, time, corral.child
-corral.child.connect(logging.DEBUG)
-log = logging.getLogger("app.db")
-log.debug("before %s", "start", extra={})
-def worker():
-    for i in range(3000):
-        log.info("record %d", i)
-    try:
-        1 / 0
-    except ZeroDivisionError:
-        log.exception("it broke")
-t = threading.Thread(target=worker, name="db-thread")
-t.start(); t.join()
-print("stamp", time.time(), flush=True)
-os._exit(0)  # no logging.shutdown(), no flush: nothing may be lost
-"""
-
-
 async def test_python_logging_records_from_a_child_arrive_whole() -> None:
     logs = ListHandler()
     async with corral.open_runner(name="app", console=False, handlers=[logs]) as r:
-        p = await r.start([PY, "-c", CONNECTED_CHILD], name="db")
+        p = await r.start(program("logging_child"), name="db")
         await p.wait()
         records = [rec for rec in logs.records if getattr(rec, "corral_stream", None) == "logging"]
         # Everything arrived before wait() returned, in order.

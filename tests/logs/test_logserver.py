@@ -31,6 +31,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from tests.helpers.loops import BOTH_LOOPS, OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, group_members, wait_gone
+from tests.programs import program
 
 import corral
 from corral._logs._collector import DEFAULT_MAX_BYTES
@@ -895,76 +896,11 @@ async def test_a_child_gone_before_its_connection_was_accepted_is_heard(tag: str
         assert logs.logged("corral.quick") == [f"r {i}" for i in range(100)]
 
 
-FD_LIMIT_SCRIPT = """
-import logging, os, resource, socket, subprocess, sys, threading, time
-import anyio, anyio.to_thread
-import corral
-from corral._logs._wire import PROTOCOL_VERSION, Hello, Record, encode
-
-class Catch(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.records = []
-        self.changed = threading.Condition()
-
-    def emit(self, record):
-        with self.changed:
-            self.records.append(record)
-            self.changed.notify_all()
-
-    def wait_for(self, text):
-        with self.changed:
-            return self.changed.wait_for(
-                lambda: any(text in r.getMessage() for r in self.records), 20
-            )
-
-async def main():
-    catch = Catch()
-    async with corral.open_runner(console=False, handlers=[catch]) as r:
-        probe = [sys.executable, "-c", sys.argv[2]]
-        done = await r.run(probe, name="probe", stdout=subprocess.PIPE)
-        path, secret = done.stdout.decode().split()
-        clients = []
-        for i in range(8):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(path)
-            sock.sendall(
-                encode(Hello(PROTOCOL_VERSION, secret, f"corral.c{i}", os.getpid()))
-                + encode(Record(time.time(), 20, "INFO", "n", f"from {i}"))
-            )
-            sock.shutdown(socket.SHUT_WR)
-            clients.append(sock)
-        # Leave the runner no descriptor to accept with: fill every gap below the
-        # highest descriptor in use, then make that the limit.
-        fillers = []
-        top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-        while (fd := os.open(os.devnull, os.O_RDONLY)) < top:
-            fillers.append(fd)
-        os.close(fd)
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
-        blocked = await anyio.to_thread.run_sync(catch.wait_for, "cannot accept log connections")
-        assert blocked, "no warning"
-        for sock in clients:  # descriptors come back: the runner catches up
-            sock.close()
-        if sys.argv[3] == "recover":
-            # Served while the runner is open: accepting resumed.
-            await anyio.to_thread.run_sync(catch.wait_for, "from 7")
-        # else: leave at once, while accepting still waits to retry.
-    got = sorted(r.getMessage() for r in catch.records if r.corral_stream == "logging")
-    warned = [r.getMessage() for r in catch.records if "cannot accept" in r.getMessage()]
-    print(len(warned), warned[0].split(":")[0])
-    print(" ".join(got))
-
-anyio.run(main, backend=sys.argv[1])
-"""
-
-
 async def run_out_of_descriptors(backend: str, when: str, tag: str) -> list[str]:
     # In a process of its own, since it lowers the descriptor limit for good.
     async with corral.open_runner(console=False) as r:
         done = await r.run(
-            [PY, "-c", FD_LIMIT_SCRIPT, backend, "import os; " + PRINT_SOCKET, when],
+            program("out_of_descriptors", backend, when),
             name="fdlimit",
             stdout=PIPE,
             extra_env={TAG_VAR: tag},

@@ -29,6 +29,7 @@ import pyte
 import pytest
 from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler
+from tests.programs import program
 
 import corral
 
@@ -47,18 +48,6 @@ INTERVAL = 1.0
 FRAME = re.compile(r"work: +\d{1,3}%\|[ ▏▎▍▌▋▊▉█]*\| +\d+/2000 \[[^\]\r\n]*\]")
 FINAL_FRAME = re.compile(r"work: 100%\|█+\| 2000/2000 \[[^\]\r\n]*\]")
 
-# A child drawing a 2000-step bar on stderr (tqdm's default) over about 2.5 s,
-# redrawing at every step, with ordinary lines around it on both streams.
-TQDM_CHILD = """
-import sys, time
-from tqdm import tqdm
-print("out before", flush=True)
-sys.stderr.write("err before\\n"); sys.stderr.flush()
-for _ in tqdm(range(2000), file=sys.stderr, mininterval=0, miniters=1, desc="work", ncols=80):
-    time.sleep(0.001)
-sys.stderr.write("err after\\n"); sys.stderr.flush()
-print("out after", flush=True)
-"""
 
 LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\w+) +\[(stdout|stderr)\] (.*)")
 COMBINED_LINE = re.compile(
@@ -121,7 +110,9 @@ async def test_tqdm_bar_reaches_files_and_handlers_about_once_a_second(
     logs = ListHandler()
     async with corral.open_runner(name="pb", console=False, handlers=[logs], log_dir=tmp_path) as r:
         started = time.monotonic()
-        result = await r.run([PY, "-c", TQDM_CHILD], name="bar", extra_env={TAG_VAR: tag})
+        result = await r.run(
+            program("tqdm_bar", 2000, "work", "both"), name="bar", extra_env={TAG_VAR: tag}
+        )
         elapsed = time.monotonic() - started
         assert r.log_path is not None
         folder = Path(r.log_path)
@@ -160,22 +151,11 @@ async def test_tqdm_bar_reaches_files_and_handlers_about_once_a_second(
     assert _combined_lines(combined, "pb.bar", "stdout") == ["out before", "out after"]
 
 
-# 5 MB of frames and never a newline; the last frame is written on its own.
-FLOOD_CHILD = """
-import os
-data = b"".join(b"\\rframe %07d " % i for i in range(5 * 1024 * 1024 // 14 + 1))
-view = memoryview(data)
-while view:
-    view = view[os.write(1, view[:65536]):]
-os.write(1, b"\\rframe final")
-"""
-
-
 async def test_megabytes_of_frames_without_a_newline_stay_small(tmp_path: Path, tag: str) -> None:
     logs = ListHandler()
     async with corral.open_runner(name="pb", console=False, handlers=[logs], log_dir=tmp_path) as r:
         started = time.monotonic()
-        await r.run([PY, "-c", FLOOD_CHILD], name="flood", extra_env={TAG_VAR: tag})
+        await r.run(program("raw_output", "frames"), name="flood", extra_env={TAG_VAR: tag})
         elapsed = time.monotonic() - started
         assert r.log_path is not None
         folder = Path(r.log_path)
@@ -198,19 +178,12 @@ async def test_megabytes_of_frames_without_a_newline_stay_small(tmp_path: Path, 
 
 # -- CRLF is not a progress bar ---------------------------------------------------------------
 
-CRLF_CHILD = """
-import os
-os.write(1, b"".join(b"crlf line %04d\\r\\n" % i for i in range(3000)))
-os.write(2, b"an error\\r\\nanother error\\r\\n")
-os.write(1, b"last\\r\\n")
-"""
-
 
 @OTHER_LOOP
 async def test_crlf_line_endings_are_ordinary_lines(tmp_path: Path, tag: str) -> None:
     logs = ListHandler()
     async with corral.open_runner(name="pb", console=False, handlers=[logs], log_dir=tmp_path) as r:
-        await r.run([PY, "-c", CRLF_CHILD], name="crlf", extra_env={TAG_VAR: tag})
+        await r.run(program("raw_output", "crlf"), name="crlf", extra_env={TAG_VAR: tag})
         assert r.log_path is not None
         folder = Path(r.log_path)
     expected = [f"crlf line {i:04d}" for i in range(3000)] + ["last"]
@@ -222,41 +195,20 @@ async def test_crlf_line_endings_are_ordinary_lines(tmp_path: Path, tag: str) ->
     assert _file_lines(own, "stderr") == ["an error", "another error"]
 
 
-# The "\r" and the "\n" of one CRLF arrive in two reads (a buffer boundary can
-# fall between them; here the child pauses there).
-CRLF_SPLIT_CHILD = """
-import os, time
-os.write(1, b"one\\r\\n")
-os.write(1, b"two\\r")
-time.sleep(0.3)
-os.write(1, b"\\nthree\\r\\n")
-"""
-
-
 async def test_crlf_split_between_reads_is_one_ordinary_line(tmp_path: Path, tag: str) -> None:
     logs = ListHandler()
     async with corral.open_runner(name="pb", console=False, handlers=[logs], log_dir=tmp_path) as r:
-        await r.run([PY, "-c", CRLF_SPLIT_CHILD], name="split", extra_env={TAG_VAR: tag})
+        await r.run(program("raw_output", "crlf-split"), name="split", extra_env={TAG_VAR: tag})
         assert r.log_path is not None
         folder = Path(r.log_path)
     assert logs.lines("pb.split") == ["one", "two", "three"]
     assert _file_lines(folder / "pb.split.log", "stdout") == ["one", "two", "three"]
 
 
-# A bar whose only state was logged at once (a bar's first state is), then the
-# line ends a moment later with that same state.
-SAME_STATE_CHILD = """
-import os, time
-os.write(1, b"\\rdownload 100%")
-time.sleep(0.3)
-os.write(1, b"\\nnext line\\n")
-"""
-
-
 async def test_a_state_already_logged_is_not_logged_again_when_the_line_ends(tag: str) -> None:
     logs = ListHandler()
     async with corral.open_runner(name="pb", console=False, handlers=[logs]) as r:
-        await r.run([PY, "-c", SAME_STATE_CHILD], name="same", extra_env={TAG_VAR: tag})
+        await r.run(program("raw_output", "same-state"), name="same", extra_env={TAG_VAR: tag})
     assert logs.lines("pb.same") == ["download 100%", "next line"]
 
 
@@ -264,35 +216,6 @@ async def test_a_state_already_logged_is_not_logged_again_when_the_line_ends(tag
 
 COLUMNS, ROWS = 120, 30
 
-# Runs children (name, script) at once under a runner with the default console.
-LAUNCHER = """
-import json, sys
-import anyio
-import corral
-
-async def main(children):
-    async with corral.open_runner() as r:
-        for name, script in children:
-            await r.start([sys.executable, "-c", script], name=name)
-
-anyio.run(main, json.loads(sys.argv[2]), backend=sys.argv[1])
-"""
-
-TERMINAL_BAR_CHILD = """
-import sys, time
-from tqdm import tqdm
-sys.stderr.write("before the bar\\n"); sys.stderr.flush()
-for _ in tqdm(range(1000), file=sys.stderr, mininterval=0, miniters=1, desc="work", ncols=80):
-    time.sleep(0.001)
-sys.stderr.write("after the bar\\n"); sys.stderr.flush()
-"""
-
-TALKER_CHILD = """
-import time
-for i in range(15):
-    print(f"talk {i:02d} " + "x" * 60, flush=True)
-    time.sleep(0.08)
-"""
 
 STAMP = r"\d\d:\d\d:\d\d"
 SCREEN_BAR = re.compile(
@@ -301,11 +224,10 @@ SCREEN_BAR = re.compile(
 
 
 def _run_on_terminal(
-    tmp_path: Path, backend: str, children: list[tuple[str, str]], *, colour: bool, tag: str
+    tmp_path: Path, backend: str, children: list[tuple[str, list[str]]], *, colour: bool, tag: str
 ) -> bytes:
-    """Run the launcher on a pseudo-terminal; return every byte it wrote there."""
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(LAUNCHER)
+    """Run ``console_runner.py`` (the ``children`` at once, under a runner with the default
+    console) on a pseudo-terminal; return every byte it wrote there."""
     env = {
         key: value
         for key, value in os.environ.items()
@@ -318,7 +240,7 @@ def _run_on_terminal(
     try:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
         proc = subprocess.Popen(
-            [PY, str(launcher), backend, json.dumps(children)],
+            program("console_runner", backend, json.dumps(children)),
             stdin=slave,
             stdout=slave,
             stderr=slave,
@@ -369,7 +291,11 @@ def _screen(raw: bytes) -> list[str]:
 
 def test_bar_is_drawn_in_place_on_a_terminal(anyio_backend: str, tmp_path: Path, tag: str) -> None:
     raw = _run_on_terminal(
-        tmp_path, anyio_backend, [("bar", TERMINAL_BAR_CHILD)], colour=True, tag=tag
+        tmp_path,
+        anyio_backend,
+        [("bar", program("tqdm_bar", 1000, "work", "stderr"))],
+        colour=True,
+        tag=tag,
     )
     rows = _screen(raw)
     shown = [row for row in rows if row]
@@ -390,13 +316,15 @@ def test_bar_is_drawn_in_place_on_a_terminal(anyio_backend: str, tmp_path: Path,
 
 def test_other_lines_are_not_garbled_by_bars(anyio_backend: str, tmp_path: Path, tag: str) -> None:
     """Two bars at once, and a third child's lines scrolling above them."""
-    second_bar = TERMINAL_BAR_CHILD.replace('desc="work"', 'desc="more"').replace(
-        "range(1000)", "range(700)"
-    )
+    second_bar = program("tqdm_bar", 700, "more", "stderr")
     raw = _run_on_terminal(
         tmp_path,
         anyio_backend,
-        [("bar", TERMINAL_BAR_CHILD), ("bar2", second_bar), ("talker", TALKER_CHILD)],
+        [
+            ("bar", program("tqdm_bar", 1000, "work", "stderr")),
+            ("bar2", second_bar),
+            ("talker", program("talker")),
+        ],
         colour=False,
         tag=tag,
     )

@@ -6,8 +6,8 @@ which runs on asyncio, and of address parsing run once.  The tests' own WebSocke
 websockets' sans-I/O protocol driven over an AnyIO stream (:class:`MonitorClient`), so
 the same client talks to both servers.  Tests that need the runner in another process
 (``corral tail``, the memory and time of a stuck client, the ``corral`` command) start
-:data:`LAUNCHER`, a small program that opens a runner with a monitor, prints its URL
-and then obeys commands given as JSON lines on its stdin.
+``tests/programs/launcher.py``, a small program that opens a runner with a monitor, prints
+its URL and then obeys commands given as JSON lines on its stdin.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import msgspec
 import pytest
 from tests.helpers.commands import Child, corral_argv, launched, stuck_client
 from tests.helpers.processes import TAG_VAR, ListHandler
+from tests.programs import program
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
@@ -56,47 +57,6 @@ PY = sys.executable
 PIPE = subprocess.PIPE
 LOOPBACK = "127.0.0.1:0"
 ROOT = Path(__file__).resolve().parents[2]
-
-#: A child that obeys its stdin, one command a line: ``out TEXT`` prints TEXT,
-#: ``err TEXT`` prints it on stderr, ``log LEVEL TEXT`` logs it (through
-#: ``corral.child.connect``, logger ``app``), ``exit N`` exits with N.  EOF: exit 0.
-ECHO = textwrap.dedent(
-    """
-    import logging, sys
-    from corral.child import connect
-    connect(logging.DEBUG)
-    log = logging.getLogger("app")
-    for line in sys.stdin:
-        kind, _, text = line.rstrip("\\n").partition(" ")
-        if kind == "out":
-            print(text, flush=True)
-        elif kind == "err":
-            print(text, file=sys.stderr, flush=True)
-        elif kind == "log":
-            level, _, message = text.partition(" ")
-            log.log(logging.getLevelName(level), message)
-        elif kind == "exit":
-            sys.exit(int(text))
-    """
-)
-
-#: A child that prints ``argv[1]`` numbered lines (``000042 xxx...``) of
-#: ``argv[2]`` characters as fast as it can (or with a pause of ``argv[3]``
-#: seconds after every hundred), then exits.
-FLOOD = textwrap.dedent(
-    """
-    import sys, time
-    count, length = int(sys.argv[1]), int(sys.argv[2])
-    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
-    pad = "x" * max(0, length - 7)
-    out = sys.stdout
-    for i in range(count):
-        out.write(f"{i:06d} {pad}\\n")
-        if pause and i % 100 == 99:
-            out.flush()
-            time.sleep(pause)
-    """
-)
 
 
 # -- a WebSocket client for both backends ------------------------------------------------------
@@ -350,7 +310,9 @@ async def say(proc: corral.Process, line: str) -> None:
 
 
 def echo() -> list[str]:
-    return [PY, "-c", ECHO]
+    """``echo.py``: a child that obeys its stdin (``out TEXT``, ``err TEXT``, ``log LEVEL TEXT``,
+    ``exit N``)."""
+    return program("echo")
 
 
 def documented_schema() -> dict[str, Any]:
@@ -899,7 +861,7 @@ async def test_every_line_reaches_a_client_before_the_end() -> None:
             await client.rest()
 
         tg.start_soon(follow)
-        await r.start([PY, "-c", FLOOD, str(count), "20"], name="flood")
+        await r.start(program("flood", count, 20), name="flood")
     numbers = [int(row[5][:6]) for row in client.rows("demo.flood")]
     assert numbers == list(range(count)), f"{count - len(numbers)} of {count} lines missing"
     kinds = [m["type"] for m in client.messages if m is not None]
@@ -920,7 +882,7 @@ async def test_clients_that_come_during_output_see_no_gap_and_no_repeat() -> Non
         assert url is not None
         watcher = await MonitorClient.connect(url)
         # Paced (about 30 ms per thousand lines), so that no client falls behind.
-        flood = await r.start([PY, "-c", FLOOD, str(count), "40", "0.003"], name="flood")
+        flood = await r.start(program("flood", count, 40, 0.003), name="flood")
         for wanted in range(1000, 18_000, 1000):
 
             def reached(row: list[Any], n: int = wanted) -> bool:
@@ -1195,7 +1157,7 @@ async def test_a_stuck_client_loses_its_oldest_records_and_is_told(tmp_path: Pat
         healthy = await MonitorClient.connect(url)
         last = f"{count - 1:06d} "
         # Paced (about 20 ms per thousand lines), so that the healthy client keeps up.
-        await r.start([PY, "-c", FLOOD, str(count), str(length), "0.002"], name="flood")
+        await r.start(program("flood", count, length, 0.002), name="flood")
         await healthy.wait_row(lambda row: row[5].startswith(last), timeout=20)
         # Now the stuck client reads: the newest records are there, the oldest are not,
         # and it was told how many it lost.
@@ -1233,7 +1195,7 @@ async def test_a_silent_peer_does_not_hold_up_the_end(peer: str) -> None:
             silent = await anyio.connect_tcp("127.0.0.1", port_of(url))
             if peer == "half a request":
                 await silent.send(b"GET /?token=")
-        await r.run([PY, "-c", FLOOD, "60000", "300"], name="flood")
+        await r.run(program("flood", 60000, 300), name="flood")
         leaving = time.monotonic()
     took = time.monotonic() - leaving
     await silent.aclose()
@@ -1242,101 +1204,16 @@ async def test_a_silent_peer_does_not_hold_up_the_end(peer: str) -> None:
 
 # -- the runner in another process -------------------------------------------------------------
 
-#: A runner with a monitor (``argv``: backend, runner name, the ECHO and FLOOD
-#: programs) that prints ``url URL`` and then obeys JSON commands on stdin, each
-#: answered with one line: ``["start", NAME]`` starts an ECHO child (and answers
-#: ``ok start PID``), ``["say", NAME, LINE]`` writes LINE to its stdin,
-#: ``["clients", [[SOURCE, LEVEL], ...]]`` waits until exactly these clients
-#: (with these filters) are connected,
-#: ``["burst", COUNT, LENGTH]`` runs a FLOOD child named ``burst`` and answers
-#: ``burst SECONDS RECORDS CPU`` once a handler has every record (CPU: the launcher's CPU
-#: seconds meanwhile, all its threads), ``["quit"]`` (or
-#: EOF) ends the children's input and so the runner.  Its console (as ``corral
-#: run`` shows it, without colour) is on stderr.
-LAUNCHER = textwrap.dedent(
-    '''
-    import json, logging, subprocess, sys, threading, time
-    import anyio
-    import corral
-
-    backend, name, echo, flood = sys.argv[1:5]
-
-
-    class Counter(logging.Handler):
-        """Counts the burst's records: a handler that must not lose one."""
-
-        def __init__(self):
-            super().__init__(logging.DEBUG)
-            self.count = self.wanted = 0
-            self.done = threading.Event()
-
-        def emit(self, record):
-            self.count += 1
-            if self.count == self.wanted:
-                self.done.set()
-
-
-    def reply(*words):
-        print(*words, flush=True)
-
-
-    async def main():
-        counter = Counter()
-        console = corral.ConsoleHandler(sys.stderr, colour=False, prefix="relative")
-        console.setLevel(logging.INFO)
-        handlers = [console, corral.Route(counter, pattern="burst")]
-        children = {}
-        async with corral.open_runner(
-            name=name, monitor="127.0.0.1:0", console=False, handlers=handlers
-        ) as r:
-            reply("url", r.monitor_url)
-            while True:
-                line = await anyio.to_thread.run_sync(sys.stdin.readline)
-                command, *args = json.loads(line) if line.strip() else ["quit"]
-                if command == "quit":
-                    break
-                if command == "start":
-                    children[args[0]] = await r.start(
-                        [sys.executable, "-c", echo], name=args[0], stdin=subprocess.PIPE
-                    )
-                    reply("ok", command, children[args[0]].pid)
-                    continue
-                elif command == "say":
-                    await children[args[0]].stdin.send(args[1].encode() + b"\\n")
-                elif command == "clients":
-                    # The monitor's own list (private): for the tests' sake only.
-                    wanted = sorted(tuple(pair) for pair in args[0])
-                    while sorted((c.source, c.level) for c in r._monitor.clients()) != wanted:
-                        await anyio.sleep(0.005)
-                elif command == "burst":
-                    count, length = args
-                    counter.count, counter.wanted = 0, count
-                    counter.done.clear()
-                    start, cpu = time.perf_counter(), time.process_time()
-                    burst = [sys.executable, "-c", flood, str(count), str(length)]
-                    await r.run(burst, name="burst")
-                    await anyio.to_thread.run_sync(counter.done.wait)
-                    wall = time.perf_counter() - start
-                    reply("burst", wall, counter.count, time.process_time() - cpu)
-                    continue
-                reply("ok", command)
-            for child in children.values():
-                await child.stdin.aclose()  # an ECHO child exits at the end of its input
-
-
-    anyio.run(main, backend=backend)
-    '''
-)
-
 
 @contextmanager
 def launcher(
     tmp_path: Path, backend: str, name: str = "demo", env: dict[str, str] | None = None
 ) -> Iterator[Child]:
-    """A runner with a monitor in another process (see :data:`LAUNCHER`); ``.url`` is set."""
-    with launched(
-        Child, LAUNCHER, tmp_path / f"launcher-{name}.py", backend, name, ECHO, FLOOD, env=env
-    ) as child:
+    """A runner with a monitor in another process (``tests/programs/launcher.py``, its
+    children ``echo.py`` and ``flood.py``); ``.url`` is set."""
+    config = {"runner": {"name": name, "monitor": LOOPBACK}, "console": True, "counting": True}
+    argv = program("launcher", backend, json.dumps(config))
+    with launched(Child, argv, tmp_path / f"launcher-{name}", env=env) as child:
         yield child
 
 
@@ -1763,7 +1640,7 @@ def memory_mib(pid: int) -> dict[str, float]:
 def burst(runner: Child, count: int, length: int) -> float:
     """The launcher's CPU seconds for ``count`` records of ``length`` characters to reach its
     handlers (all its threads: its log thread too)."""
-    _, _, records, cpu = runner.command("burst", count, length).split()
+    _, _, _, records, cpu = runner.command("burst", count, length).split()
     assert int(records) == count  # handlers lose nothing
     return float(cpu)
 

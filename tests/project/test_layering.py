@@ -114,6 +114,10 @@ FOREIGN_PRIVATE_OK: dict[tuple[str, str], str] = {
         "the one way out of a process whose leaked non-daemon thread (reported already) "
         "would hold its end up for good"
     ),
+    ("corral._startup.sitecustomize", "_exit"): (
+        "a child's start-up hook flushes its stdout before os._exit, as the exit at the end "
+        "of a program does"
+    ),
 }
 
 #: Reaches into another class's underscored member, within one module: (module, name) -> why.

@@ -95,7 +95,7 @@ def test_test_command_runs_every_check() -> None:
         "pip install -e '.[test,docs]'",
         "ruff check .",
         "ruff format --check .",
-        "mypy --strict src",
+        "mypy --strict src tests/programs",
         "vulture",
         "sphinx-build -W --keep-going",
         "python -m pytest",

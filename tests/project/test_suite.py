@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "corral"
 
@@ -70,3 +72,25 @@ def test_a_module_on_one_loop_keeps_a_case_on_the_other() -> None:
         ]
         assert others, f"{path.relative_to(ROOT)} runs on one loop and keeps no case on the other"
     assert modules, "no module runs on one loop: is tests/helpers/loops.py still used?"
+
+
+def test_every_program_is_run_by_a_test() -> None:
+    """``tests/programs/``: each program is named (``program("lines", ...)``) somewhere else."""
+    programs = ROOT / "tests" / "programs"
+    texts = {p: p.read_text() for p in (ROOT / "tests").rglob("*.py")}
+    for path in sorted(programs.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        named = f'"{path.stem}"'
+        assert any(named in text for p, text in texts.items() if p != path), path.name
+
+
+def test_tmp_path_leaves_room_for_the_runners_log_socket(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """tests/conftest.py's short_basetemp: a test that sets TMPDIR to its ``tmp_path`` in a
+    pytest-xdist worker still gets a log socket under the 107 bytes a Unix socket path holds."""
+    base = str(tmp_path_factory.getbasetemp())
+    worker = "" if "popen-gw" in base else "/popen-gw19"
+    longest = f"{base}{worker}/{'t' * 30}10/corral-log-abcdefgh/log.sock"
+    assert len(longest.encode()) <= 107 - 10, longest  # and ten bytes to spare

@@ -11,15 +11,12 @@ array whose first element names the message.  The connection is versioned
 carries a secret made for this launch, compared in constant time).
 
 **Before the secret is checked** (:func:`read_hello`), a connection may send
-one frame, the hello, of at most :data:`MAX_HELLO` bytes (4 KiB), and must
-send it whole within :data:`HELLO_TIMEOUT` seconds (5 s) of being accepted;
-the listener reads exactly that frame and nothing after it.  A longer length
-prefix, anything that is not a hello, or a hello that is late is closed at
-once, and of :data:`MAX_PENDING_HELLOS` (64) connections still waiting for
-their hello the one that has waited longest is closed when another comes, so
-that strangers cost the launcher at most a few KiB and a few descriptors
-each, for a few seconds: the 1 GiB frames of an authenticated link (:data:`MAX_LINK_FRAME`)
-are allowed only once the hello was accepted.
+one frame, the hello, of at most :data:`MAX_HELLO` bytes (4 KiB), whole within
+:data:`HELLO_TIMEOUT` seconds (5 s) of being accepted, and nothing is read
+after it.  Anything else is closed at once, and of :data:`MAX_PENDING_HELLOS`
+(64) connections waiting for their hello the oldest is closed when another
+comes: a stranger costs a few KiB and a descriptor, for a few seconds.  The
+1 GiB frames of a link (:data:`MAX_LINK_FRAME`) come only after the hello.
 
 **The link has a deadline** (:class:`Link`).  A TCP connection with no
 traffic does not notice a pulled cable, so once the hello is accepted each
@@ -63,39 +60,30 @@ Agent to launcher:
 ``Records``
     :mod:`logging` records of one worker, as the log wire format's records.
 ``ResultPart`` / ``WorkerResult``
-    a worker's return value, pickled.  A pickle of more than
-    :data:`PART_SIZE` bytes goes as ``ResultPart`` frames of that size,
-    then its last piece as the ``WorkerResult``: no frame of the link is
-    ever much bigger than that, so nothing else (a heartbeat, a log line)
-    waits behind a large result for longer than one part takes, and the
-    receiver unpickles the value as its parts come (see
-    :mod:`corral._launch._coordinator`) instead of holding the whole
-    pickle and the value at once.
+    a worker's return value, pickled: in parts of :data:`PART_SIZE` bytes,
+    the last one the ``WorkerResult``.  Nothing else (a heartbeat, a line)
+    waits behind a large result longer than a part takes, and the launcher
+    unpickles it as its parts come (:mod:`corral._launch._coordinator`).
 ``WorkerError``
     a worker's exception (pickled if it survives a round trip, else boxed:
     type name, message, traceback text).
 ``WorkerExit``
-    a worker's process has exited (return code, stderr tail, and what its
-    error file says, if it wrote one).
+    a worker has exited (return code, stderr tail, what its error file says).
 ``Usage``
-    what each running worker costs (CPU, memory, GPU memory of its tree),
-    about once a second, when the launcher's runner samples its own children.
+    what each running worker costs (CPU, memory, GPU memory of its tree), once
+    a second, when the launcher's runner samples its own children.
 ``Stopping``
-    the agent stops its workers on its own, and says why (under ssh: its
-    standard input, the ssh client's pipe, was closed).
+    the agent stops its workers on its own, and says why (its ssh client is gone).
 ``AgentDone``
-    every worker of the agent has been reaped: after its job, or in answer
-    to ``Stop``.
+    every worker of the agent has been reaped (after its job, or a ``Stop``).
 
 Launcher to agent:
 
 ``Job``
-    what to run — a pickled function and its arguments, or a command line —
-    and how: ranks, world, master address and port, environment, grace
-    period.
+    what to run (a pickled function and its arguments, or a command line) and
+    how: ranks, world, master address and port, environment, grace period.
 ``Stop``
-    stop every worker now (stop signal, grace, SIGKILL) and report
-    ``AgentDone``.
+    stop every worker now (stop signal, grace, SIGKILL), then say ``AgentDone``.
 """
 
 from __future__ import annotations
@@ -213,15 +201,11 @@ class Records(msgspec.Struct, tag="records", array_like=True, frozen=True):
 
 
 class ResultPart(msgspec.Struct, tag="part", array_like=True, frozen=True):
-    """A piece of a worker's pickled return value; the ``WorkerResult`` that ends it follows."""
-
     local_rank: int
     data: bytes
 
 
 class WorkerResult(msgspec.Struct, tag="result", array_like=True, frozen=True):
-    """A worker's pickled return value, or the last piece of it (after its ``ResultPart``s)."""
-
     local_rank: int
     payload: bytes
 
@@ -602,10 +586,8 @@ def read_config() -> AgentConfig | None:
 def stdin_closed() -> bool:
     """Whether the agent's standard input is at end-of-file already (never waits).
 
-    Under ssh it is the launcher's pipe to the ssh client: closed, the client
-    is gone, and so is any way to reach the launcher or to be stopped by it.
-    (A byte that is there is read and dropped: nothing comes after the
-    configuration.)
+    Under ssh it is the launcher's pipe to the ssh client: closed, the client is
+    gone.  (A byte that is there is dropped: nothing comes after the configuration.)
     """
     try:
         readable, _, _ = select.select([0], [], [], 0)

@@ -18,6 +18,12 @@ standard library: a Python child pays for every import it triggers.
     secret a connection must present, and the source name the launcher knows
     the child by.
 
+``CORRAL_FLUSH_EVERY`` (and the first entry of ``PYTHONPATH``)
+    Prompt lines from a block-buffered Python child (see
+    :func:`prompt_lines`): the folder of corral's start-up hook
+    (``corral/_startup/sitecustomize.py``), and how often, in seconds, the
+    hook's thread flushes the child's ``sys.stdout`` and ``sys.stderr``.
+
 ``CORRAL_LIFELINE``
     A marker, ``<runner token>.<spawn number>``, that lets the lifeline find a
     child in ``/proc`` even if the launcher died before it could register the
@@ -26,16 +32,22 @@ standard library: a Python child pays for every import it triggers.
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
 from typing import Final
 
 __all__ = [
+    "FLUSH_EVERY",
+    "FLUSH_INTERVAL",
     "HANDSHAKE_FD",
+    "HOOK_DIR",
     "LIFELINE",
     "LOG_SECRET",
     "LOG_SOCKET",
     "SOURCE",
     "STARTED_FD",
     "STARTED_PIPE",
+    "prompt_lines",
 ]
 
 STARTED_FD: Final = "CORRAL_STARTED_FD"
@@ -48,3 +60,26 @@ LOG_SECRET: Final = "CORRAL_LOG_SECRET"
 SOURCE: Final = "CORRAL_SOURCE"
 
 LIFELINE: Final = "CORRAL_LIFELINE"
+
+FLUSH_EVERY: Final = "CORRAL_FLUSH_EVERY"
+#: How often the start-up hook flushes a Python child's stdout and stderr (seconds).
+FLUSH_INTERVAL: Final = 0.02
+#: The folder of the start-up hook: ``sitecustomize.py`` alone.
+HOOK_DIR: Final = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_startup"
+)
+
+
+def prompt_lines(env: MutableMapping[bytes, bytes]) -> None:
+    """Give a child's environment ``env`` corral's prompt lines (what it does instead of
+    ``PYTHONUNBUFFERED=1``): the start-up hook first on ``PYTHONPATH`` (once: a child of a
+    child does not get it twice), and the hook's flush interval.
+
+    A Python child then stays block-buffered, and its lines still come within
+    :data:`FLUSH_INTERVAL` seconds of their ``print`` (see ``corral/_startup/sitecustomize.py``
+    for what it keeps and loses).  Other programs ignore both variables.
+    """
+    hook = os.fsencode(HOOK_DIR)
+    entries = [entry for entry in env.get(b"PYTHONPATH", b"").split(b":") if entry != hook]
+    env[b"PYTHONPATH"] = b":".join([hook, *entries]) if any(entries) else hook
+    env[FLUSH_EVERY.encode()] = str(FLUSH_INTERVAL).encode()

@@ -1,0 +1,38 @@
+"""Programs the tests run: children, launchers, agents' stand-ins, each a module of its own.
+
+A test runs one by path, as a user runs a script (it is then ``__main__``, which is what a
+launch's functions defined in a script need)::
+
+    from tests.programs import program
+
+    await r.run(program("lines", 100, 80))  # [sys.executable, ".../tests/programs/lines.py", ...]
+
+They are linted with the rest (``ruff``) and type-checked (``mypy --strict src tests/programs``,
+the README's test command); each says what it does and what its arguments are in its
+docstring.  A program imports the standard library, corral and its dependencies only, never
+``tests``: it runs where the tests' own modules are not importable (a remote host's agent, a
+child in another directory).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+__all__ = ["FOLDER", "program", "path"]
+
+#: This folder: the programs are its modules.
+FOLDER = Path(__file__).resolve().parent
+
+
+def path(name: str) -> Path:
+    """The file of the program ``name``."""
+    found = FOLDER / f"{name}.py"
+    if not found.is_file():
+        raise LookupError(f"no program {name!r} in {FOLDER}")
+    return found
+
+
+def program(name: str, *args: object) -> list[str]:
+    """The argv that runs the program ``name`` with ``args`` in this interpreter."""
+    return [sys.executable, str(path(name)), *map(str, args)]
