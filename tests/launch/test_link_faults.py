@@ -816,7 +816,7 @@ async def test_the_agents_usage_reports_survive_a_late_tick(tag: str) -> None:
             extra_env={TAG_VAR: tag},
             check=False,
         )
-        link = _agent._Link(ours, timeout=60)
+        link = _agent.AgentLink(ours, timeout=60)
         filling = True
 
         async def fill() -> None:
