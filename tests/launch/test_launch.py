@@ -33,6 +33,7 @@ import cloudpickle
 import pytest
 from tests.helpers.loops import BOTH_LOOPS, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
+from tests.programs import program
 
 import corral
 from corral import RemoteTraceback
@@ -100,6 +101,17 @@ class Lines(ListHandler):
 def ssh_for(hosts: _hosts.SshHosts, **more: Any) -> corral.SSH:
     more.setdefault("options", hosts.ssh_options)
     return corral.SSH(user=hosts.user, identity_file=hosts.identity_file, **more)
+
+
+def launching(cfg: dict[str, Any]) -> list[str]:
+    """``tests/programs/launching.py`` with ``cfg``: a script that launches its own function."""
+    return program("launching", json.dumps(cfg))
+
+
+def said(stdout: str, word: str) -> Any:
+    """What ``launching.py`` printed after ``word`` (JSON)."""
+    line = next(line for line in stdout.splitlines() if line.startswith(f"{word} "))
+    return json.loads(line.removeprefix(f"{word} "))
 
 
 def exception_text(exc: BaseException | None) -> str:
@@ -292,32 +304,26 @@ async def test_local_callables(
     assert results == expected
 
 
-MAIN_SCRIPT = """
-import os, sys, anyio, corral
-
-def square(x):  # defined in __main__: goes by value
-    return x * x + int(os.environ["RANK"])
-
-async def main():
-    async with corral.open_runner(name="m", console=False) as r:
-        results = await r.launch(square, 7, workers_per_host=2, extra_env={"%s": sys.argv[1]})
-    print("RESULTS", list(results))
-
-anyio.run(main)
-"""
-
-
 @pytest.mark.timeout(30)
 def test_local_main_function(tag: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", MAIN_SCRIPT % TAG_VAR, tag],
+        launching(
+            {
+                "function": "square",
+                "args": [7],
+                "runner": {"name": "m", "console": False},
+                "launch": {"workers_per_host": 2},
+                "tag_var": TAG_VAR,
+                "tag": tag,
+            }
+        ),
         capture_output=True,
         text=True,
         timeout=25,
         stdin=subprocess.DEVNULL,
     )
     assert out.returncode == 0, out.stderr
-    assert "RESULTS [49, 50]" in out.stdout.splitlines(), out.stdout
+    assert said(out.stdout, "RESULTS")["values"] == [49, 50], out.stdout
 
 
 @pytest.mark.anyio
@@ -496,33 +502,14 @@ async def test_local_runner_cancel_stops_every_worker(tag: str) -> None:
     assert tagged_pids(tag) == []
 
 
-LAUNCHER = """
-import json, os, sys, time, anyio, corral
-
-cfg = json.loads(sys.argv[1])
-
-def work():  # in __main__: goes by value, over ssh too
-    print("up", os.environ["RANK"], flush=True)
-    time.sleep(1000)
-
-async def main():
-    ssh = corral.SSH(**cfg["ssh"]) if cfg["ssh"] else None
-    async with corral.open_runner(name="victim") as r:
-        await r.launch(
-            work, hosts=cfg["hosts"], workers_per_host=2, ssh=ssh,
-            extra_env={cfg["tag_var"]: cfg["tag"]},
-        )
-
-anyio.run(main, backend=cfg["backend"])
-"""
-
-
 def kill_launcher_midrun(tag: str, hosts: list[str] | None, ssh: dict[str, Any] | None) -> None:
-    """Run LAUNCHER, wait for every worker's "up", SIGKILL it: every worker goes within 2 s."""
+    """Launch ``up`` (launching.py), wait for every worker's "up", SIGKILL the launcher: every
+    worker goes within 2 s."""
     workers = 2 * len(hosts or [None])
-    cfg = {"hosts": hosts, "ssh": ssh, "tag_var": TAG_VAR, "tag": tag, "backend": "asyncio"}
+    launch = {"hosts": hosts, "ssh": ssh, "workers_per_host": 2}
+    cfg = {"function": "up", "runner": {"name": "victim"}, "launch": launch}
     with subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, json.dumps(cfg)],
+        launching({**cfg, "tag_var": TAG_VAR, "tag": tag}),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -1231,28 +1218,6 @@ async def test_agent_that_cannot_start(
     assert_launch_error(exc, said.replace("{subnet}", subnet))
 
 
-FAILING_LAUNCHER = """
-import json, os, sys, time, anyio, corral
-
-cfg = json.loads(sys.argv[1])
-
-def work():
-    time.sleep(1000)
-
-async def main():
-    async with corral.open_runner(name="fl", console=False) as r:
-        started = time.monotonic()
-        try:
-            await r.launch(work, hosts=cfg["hosts"], ssh=corral.SSH(**cfg["ssh"]))
-        except BaseException as exc:
-            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]
-            print("RAISED", type(exc).__name__, round(time.monotonic() - started, 2), exc)
-
-anyio.run(main)
-"""
-
-
 #: A "Python" for the remote hosts that is the real one on the first host, and on the
 #: second fails a moment after it started (once the first host's agent is up).
 PYTHON_ON_HOST_0_ONLY = """#!/bin/sh
@@ -1279,14 +1244,16 @@ def test_one_host_failing_among_good_ones_fails_promptly(
         PYTHON_ON_HOST_0_ONLY.format(second=ssh_hosts.addresses[1], python=sys.executable)
     )
     python.chmod(0o755)
+    ssh = {
+        "user": ssh_hosts.user,
+        "identity_file": str(ssh_hosts.identity_file),
+        "options": ssh_hosts.ssh_options,
+        "python": str(python),
+    }
     cfg = {
-        "hosts": ssh_hosts.addresses,
-        "ssh": {
-            "user": ssh_hosts.user,
-            "identity_file": str(ssh_hosts.identity_file),
-            "options": ssh_hosts.ssh_options,
-            "python": str(python),
-        },
+        "function": "sleep",
+        "runner": {"name": "fl", "console": False},
+        "launch": {"hosts": ssh_hosts.addresses, "ssh": ssh},
     }
     # Agent 1 fails after 1 s.  The launch must raise before any deadline it could wait out:
     # the grace (5 s) first.  (The bug this caught: agent 0 never got a Job, so it never
@@ -1296,7 +1263,7 @@ def test_one_host_failing_among_good_ones_fails_promptly(
     deadline = 1.0 + 5.0
     try:
         out = subprocess.run(
-            [sys.executable, "-c", FAILING_LAUNCHER, json.dumps(cfg)],
+            launching(cfg),
             capture_output=True,
             text=True,
             timeout=30,
@@ -1305,10 +1272,10 @@ def test_one_host_failing_among_good_ones_fails_promptly(
     except subprocess.TimeoutExpired:
         pytest.fail("launch had not raised 30 s after the launcher started")
     assert out.returncode == 0, out.stderr
-    said = r"^RAISED LaunchError ([\d.]+) agent-1 .*: no python on this host$"
-    raised = re.search(said, out.stdout, re.M)
-    assert raised, out.stdout
-    assert float(raised[1]) < deadline, f"raised {raised[1]} s after the launch began"
+    raised = said(out.stdout, "RAISED")
+    assert raised["type"] == "LaunchError", raised
+    assert re.fullmatch(r"agent-1 .*: no python on this host", raised["message"]), raised
+    assert raised["took"] < deadline, f"raised {raised['took']:.2f} s after the launch began"
 
 
 @pytest.mark.timeout(30)
@@ -1326,49 +1293,6 @@ def test_unknown_host_without_launcher_address_is_launch_error(
 
 # -- Slurm ---------------------------------------------------------------------------------
 
-SLURM_LAUNCHER = r"""
-import json, logging, os, sys, time, anyio, corral
-
-def whoami():
-    logging.getLogger("app").warning("hello from rank %s", os.environ["RANK"])
-    print("stdout of rank", os.environ["RANK"])
-    return {k: os.environ[k] for k in (
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-        "MASTER_ADDR", "MASTER_PORT", "SLURMD_NODENAME", "TAG_VAR")}
-
-def fail():
-    if os.environ["RANK"] != "3":
-        time.sleep(1000)
-    time.sleep(0.5)
-    raise KeyError(repr(time.time()))
-
-class Starts(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.argvs = []
-
-    def emit(self, record):  # the launcher's own starts, not those its agents report
-        source = getattr(record, "corral_source", None)
-        if source in (None, "sl") and record.getMessage().startswith("started "):
-            self.argvs.append(record.getMessage().split(": ", 1)[1])
-
-async def main():
-    starts = Starts()
-    async with corral.open_runner(name="sl", handlers=[starts]) as r:
-        if sys.argv[1] == "fail":
-            try:
-                await r.launch(fail, hosts="slurm", extra_env={"TAG_VAR": sys.argv[2]})
-            except KeyError as exc:
-                print("RAISED", type(exc).__name__, time.time() - float(eval(exc.args[0])),
-                      exc.__notes__, type(exc.__cause__).__name__)
-            return
-        results = await r.launch(whoami, hosts="slurm", extra_env={"TAG_VAR": sys.argv[2]})
-        print("RESULT", json.dumps({"values": list(results), "by_host": results.by_host}))
-    print("STARTED", json.dumps(starts.argvs))
-
-anyio.run(main)
-""".replace("TAG_VAR", TAG_VAR)
-
 
 def run_slurm(
     cluster: _hosts.SlurmCluster, argv: list[str], ntasks_per_node: int = 2
@@ -1385,15 +1309,29 @@ def run_slurm(
     return out
 
 
+def slurm_launcher(function: str, tag: str) -> list[str]:
+    """launching.py on the Slurm allocation, runner ``sl``, noting the launcher's own starts."""
+    args = [TAG_VAR] if function == "whoami" else []
+    return launching(
+        {
+            "function": function,
+            "args": args,
+            "runner": {"name": "sl"},
+            "launch": {"hosts": "slurm"},
+            "starts": True,
+            "tag_var": TAG_VAR,
+            "tag": tag,
+        }
+    )
+
+
 def slurm_result(out: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    line = next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))
-    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
-    return result
+    return said(out.stdout, "RESULTS")
 
 
 @pytest.mark.timeout(60)
 def test_slurm(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
-    out = run_slurm(slurm_cluster, [sys.executable, "-c", SLURM_LAUNCHER, "ok", tag])
+    out = run_slurm(slurm_cluster, slurm_launcher("whoami", tag))
     result = slurm_result(out)
     values = result["values"]
     assert [v["RANK"] for v in values] == ["0", "1", "2", "3"]
@@ -1408,8 +1346,7 @@ def test_slurm(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
     assert list(result["by_host"]) == ["n1", "n2"]
     assert result["by_host"]["n2"] == values[2:]
     # One srun step started every agent; the launcher itself started nothing else.
-    line = next(line for line in out.stdout.splitlines() if line.startswith("STARTED "))
-    (srun,) = json.loads(line.removeprefix("STARTED "))
+    (srun,) = said(out.stdout, "STARTED")
     assert srun.startswith("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 "), srun
     assert srun.endswith(" -m corral._agent"), srun
     # Every worker's output reached the launcher's console, under its source.
@@ -1423,9 +1360,7 @@ def test_slurm(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
 def test_slurm_workers_from_gpus_on_node(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
     """No SLURM_NTASKS_PER_NODE: SLURM_GPUS_ON_NODE says how many workers per node."""
     argv = ["env", "-u", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE=3"]
-    out = run_slurm(
-        slurm_cluster, [*argv, sys.executable, "-c", SLURM_LAUNCHER, "ok", tag], ntasks_per_node=1
-    )
+    out = run_slurm(slurm_cluster, [*argv, *slurm_launcher("whoami", tag)], ntasks_per_node=1)
     result = slurm_result(out)
     assert [v["SLURMD_NODENAME"] for v in result["values"]] == ["n1"] * 3 + ["n2"] * 3
     assert {v["LOCAL_WORLD_SIZE"] for v in result["values"]} == {"3"}
@@ -1433,15 +1368,15 @@ def test_slurm_workers_from_gpus_on_node(slurm_cluster: _hosts.SlurmCluster, tag
 
 @pytest.mark.timeout(60)
 def test_slurm_raise_propagates(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
-    out = run_slurm(slurm_cluster, [sys.executable, "-c", SLURM_LAUNCHER, "fail", tag])
-    line = next(line for line in out.stdout.splitlines() if line.startswith("RAISED "))
-    _, name, late, *rest = line.split(" ", 3)
-    assert name == "KeyError"
+    out = run_slurm(slurm_cluster, slurm_launcher("fail_on_rank_3", tag))
+    raised = said(out.stdout, "RAISED")
+    assert raised["type"] == "KeyError", raised
     # RAISE_DEADLINE is the figure bench/launch.py measures; through salloc, srun and a loaded
     # machine the test gives it room (1.23 s was seen under load). A failure that waited for a
     # status round (torchrunx's is 5 s) or for its siblings (asleep for 1000 s) stays red.
-    assert float(late) < RAISE_DEADLINE + SLURM_ROOM, line
-    assert "rank 3 on host n2" in rest[0] and rest[0].endswith("RemoteTraceback"), line
+    assert raised["late"] < RAISE_DEADLINE + SLURM_ROOM, raised
+    assert any("rank 3 on host n2" in note for note in raised["notes"]), raised
+    assert raised["cause"] == "RemoteTraceback", raised
     assert tagged_pids(tag) == []
 
 
@@ -1527,30 +1462,23 @@ async def test_local_large_result_is_unpickled_off_the_loop() -> None:
     assert unpickled_in is not threading.current_thread()
 
 
-#: A launcher on this machine that says where its lifeline and its workers' error files are.
-ERROR_FILES_LAUNCHER = """
-import os, sys, time, anyio, corral
-
-def up():
-    print("up", os.environ["TORCHELASTIC_ERROR_FILE"], flush=True)
-    time.sleep(1000)
-
-async def main():
-    async with corral.open_runner(name="ef") as r:
-        print("lifeline", r._lifeline.pid, flush=True)
-        await r.launch(up, workers_per_host=2, extra_env={"TAG_VAR": sys.argv[1]})
-
-anyio.run(main, backend=sys.argv[2])
-""".replace("TAG_VAR", TAG_VAR)
-
-
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_launcher_killed_mid_launch_leaves_no_error_file_folder(
     tmp_path: Path, tag: str, backend: str
 ) -> None:
     """The TORCHELASTIC_ERROR_FILE folders go with the launcher's lifeline, as its workers do."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", ERROR_FILES_LAUNCHER, tag, backend],
+        launching(
+            {
+                "function": "up_with_error_file",
+                "runner": {"name": "ef"},
+                "launch": {"workers_per_host": 2},
+                "lifeline": True,
+                "backend": backend,
+                "tag_var": TAG_VAR,
+                "tag": tag,
+            }
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

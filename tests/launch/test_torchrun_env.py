@@ -24,6 +24,7 @@ import pytest
 from tests.helpers.commands import corral_argv
 from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler
+from tests.programs import path, program
 
 import corral
 from corral._cli._main import main
@@ -39,15 +40,8 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.helpers.hosts"]
 
 PY = sys.executable
-
-PROBE = """
-import json, os, sys
-out = os.path.join(os.environ["PROBE_OUT"], f"{sys.argv[1]}-{os.environ['RANK']}.json")
-with open(out, "w") as f:
-    json.dump(dict(os.environ), f)
-with open(out + ".session", "w") as f:
-    f.write(str(os.getsid(0) == os.getpid()))
-"""
+#: The probe (``tests/programs/env_probe.py``): each worker writes down its environment.
+PROBE = str(path("env_probe"))
 
 #: What a worker's environment has that the launching shell's has not (or has otherwise),
 #: and that both torchrun and corral set.
@@ -135,16 +129,15 @@ def added(env: dict[str, str], shell: dict[str, str]) -> dict[str, str]:
 
 def probe_both(tmp_path: Path, tag: str, **more: str) -> tuple[Any, Any, str, dict[str, str]]:
     """The probe's environment under torchrun and under corral run, rank by rank."""
-    (tmp_path / "probe.py").write_text(PROBE)
     shell = shell_env(tag, PROBE_OUT=str(tmp_path), **more)
     torchrun = run(
-        [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "probe.py", "torchrun"],
+        [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", PROBE, "torchrun"],
         tmp_path,
         shell,
     )
     assert torchrun.returncode == 0, torchrun.stderr
     # The same words: torchrun's script is corral run's command.
-    ours = run(corral_argv("run", "-n", "2", "probe.py", "corral"), tmp_path, shell)
+    ours = run(corral_argv("run", "-n", "2", PROBE, "corral"), tmp_path, shell)
     assert ours.returncode == 0, ours.stderr
 
     def load(who: str) -> list[dict[str, str]]:
@@ -201,9 +194,8 @@ def test_omp_num_threads_of_the_user_is_kept_without_a_notice(
     tmp_path: Path, tag: str, value: str
 ) -> None:
     """torchrun's test is "is the name present": an empty value is the user's too."""
-    (tmp_path / "probe.py").write_text(PROBE)
     shell = shell_env(tag, PROBE_OUT=str(tmp_path), OMP_NUM_THREADS=value)
-    out = run(corral_argv("run", "-n", "2", "--", PY, "probe.py", "c"), tmp_path, shell)
+    out = run(corral_argv("run", "-n", "2", "--", PY, PROBE, "c"), tmp_path, shell)
     assert out.returncode == 0, out.stderr
     assert "OMP_NUM_THREADS" not in out.stderr
     for rank in (0, 1):
@@ -214,66 +206,31 @@ def test_omp_num_threads_of_the_user_is_kept_without_a_notice(
 @pytest.mark.timeout(60)
 def test_one_worker_gets_no_omp_num_threads(tmp_path: Path, tag: str) -> None:
     """As torchrun: with one worker per host nothing is overloaded, nothing is set."""
-    (tmp_path / "probe.py").write_text(PROBE)
     shell = shell_env(tag, PROBE_OUT=str(tmp_path))
-    out = run(corral_argv("run", "--", PY, "probe.py", "c"), tmp_path, shell)
+    out = run(corral_argv("run", "--", PY, PROBE, "c"), tmp_path, shell)
     assert out.returncode == 0, out.stderr
     assert "OMP_NUM_THREADS" not in json.loads((tmp_path / "c-0.json").read_text())
     assert "OMP_NUM_THREADS" not in out.stderr
-
-
-RECORD = """
-import os
-from torch.distributed.elastic.multiprocessing.errors import record
-
-class MyErr(Exception):
-    pass
-
-@record
-def main():
-    if os.environ["RANK"] == "1":
-        raise MyErr("boom from rank 1 x=42")
-    import time
-    time.sleep(60)
-
-main()
-"""
 
 
 @pytest.mark.timeout(120)
 def test_record_error_reaches_the_failure_message(tmp_path: Path, tag: str) -> None:
     """torch's @record writes TORCHELASTIC_ERROR_FILE; corral's last line quotes it."""
     pytest.importorskip("torch")
-    (tmp_path / "rec.py").write_text(RECORD)
-    out = run(corral_argv("run", "-n", "2", "rec.py"), tmp_path, shell_env(tag))
+    out = run(corral_argv("run", "-n", "2", str(path("torch_record"))), tmp_path, shell_env(tag))
     assert out.returncode == 1, out.stderr
     last = [line for line in (out.stdout + out.stderr).splitlines() if "rank 1 on host" in line]
     assert last and "exited with code 1: MyErr: boom from rank 1 x=42" in last[-1], out
-
-
-ERROR_FILE_WRITER = """
-import json, os, sys, time
-if os.environ["RANK"] == "1":
-    doc = {"message": {"message": "MyErr: boom " + "x" * int(sys.argv[1]),
-                       "extraInfo": {"py_callstack": "Traceback (most recent call last):\\n"
-                                     "  File \\"w.py\\", line 3, in main\\nMyErr: boom\\n",
-                                     "timestamp": str(int(time.time()))}}}
-    with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
-        json.dump(doc, f)
-    sys.exit(1)
-time.sleep(60)
-"""
 
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_error_file_reaches_worker_failed(tmp_path: Path, tag: str) -> None:
     """What @record writes (torch's JSON, written here by hand) becomes WorkerFailed's."""
-    (tmp_path / "w.py").write_text(ERROR_FILE_WRITER)
     async with corral.open_runner(name="ef", console=False) as r:
         with pytest.raises(corral.WorkerFailed) as caught:
             await r.launch_command(
-                [PY, str(tmp_path / "w.py"), "3"], workers_per_host=2, extra_env={TAG_VAR: tag}
+                program("error_file_writer", 3), workers_per_host=2, extra_env={TAG_VAR: tag}
             )
     failed = caught.value
     assert failed.rank == 1 and failed.returncode == 1
@@ -290,11 +247,10 @@ async def test_error_file_larger_than_its_bound_is_named_not_read(tmp_path: Path
     """docs/howto/limits.rst: corral reads at most 256 KiB of a worker's error file."""
     from corral._launch._torchenv import MAX_ERROR_FILE
 
-    (tmp_path / "w.py").write_text(ERROR_FILE_WRITER)
     async with corral.open_runner(name="ef", console=False) as r:
         with pytest.raises(corral.WorkerFailed) as caught:
             await r.launch_command(
-                [PY, str(tmp_path / "w.py"), str(MAX_ERROR_FILE)],
+                program("error_file_writer", MAX_ERROR_FILE),
                 workers_per_host=2,
                 extra_env={TAG_VAR: tag},
             )
@@ -701,14 +657,13 @@ async def test_error_file_on_a_remote_host_reaches_worker_failed(
     ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str
 ) -> None:
     """The agent reads its worker's error file there, and the link brings it home."""
-    (tmp_path / "w.py").write_text(ERROR_FILE_WRITER)
     ssh = corral.SSH(
         user=ssh_hosts.user, identity_file=ssh_hosts.identity_file, options=ssh_hosts.ssh_options
     )
     async with corral.open_runner(name="ef", console=False) as r:
         with pytest.raises(corral.WorkerFailed) as caught:
             await r.launch_command(
-                [PY, str(tmp_path / "w.py"), "3"],
+                program("error_file_writer", 3),
                 hosts=ssh_hosts.addresses[1:],
                 workers_per_host=2,
                 ssh=ssh,

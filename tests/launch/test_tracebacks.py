@@ -15,7 +15,6 @@ from __future__ import annotations
 import linecache
 import pickle
 import subprocess
-import sys
 import textwrap
 import traceback
 from collections.abc import Callable, Iterator
@@ -23,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers.loops import OTHER_LOOP, one_loop
+from tests.helpers.loops import DEFAULT, OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR
+from tests.programs import path, program
 
 import corral
 from corral import RemoteTraceback
@@ -108,32 +108,18 @@ async def test_exec_of_a_string_shows_what_it_would_locally(tag: str) -> None:
     assert local[0] == '  File "<string>", line 3, in helper\n'
 
 
-SCRIPT = """\
-import sys
-import corral
-
-def fails(scale):
-    value = scale * 7
-    raise ValueError(f"main failed with {{value}}")  # shown from the script
-
-def main():
-    corral.launch(fails, 3, workers_per_host=2, backend={backend!r}, console=False,
-                  extra_env={{{tag_var!r}: {tag!r}}})
-
-if __name__ == "__main__":
-    main()
-"""
+def line_of(path: Path, text: str) -> int:
+    """The number of the line of ``path`` that holds ``text``."""
+    lines = path.read_text().splitlines()
+    (number,) = [i for i, line in enumerate(lines, 1) if text in line]
+    return number
 
 
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_a_function_of_a_script_run_as_main_shows_its_lines(
-    tmp_path: Path, tag: str, backend: str
-) -> None:
+def test_a_function_of_a_script_run_as_main_shows_its_lines(tmp_path: Path, tag: str) -> None:
     """And the script's own frames, down to the call, but none of corral's machinery."""
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(backend=backend, tag_var=TAG_VAR, tag=tag))
+    script = path("train_fails")
     out = subprocess.run(
-        [sys.executable, str(script)],
+        program("train_fails", DEFAULT, TAG_VAR, tag),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -144,16 +130,16 @@ def test_a_function_of_a_script_run_as_main_shows_its_lines(
     remote, _, here = shown.partition("The above exception was the direct cause")
     assert remote.startswith("corral.RemoteTraceback: \nTraceback (most recent call last):\n")
     assert remote.split("\n")[2:5] == [
-        f'  File "{script}", line 6, in fails',
+        f'  File "{script}", line {line_of(script, "raise ValueError")}, in fails',
         '    raise ValueError(f"main failed with {value}")  # shown from the script',
         "ValueError: main failed with 21",
     ], shown
     lines = here.split("\n")
     assert lines[3:8] == [
-        f'  File "{script}", line 13, in <module>',
+        f'  File "{script}", line {line_of(script, "    main()")}, in <module>',
         "    main()",
-        f'  File "{script}", line 9, in main',
-        f"    corral.launch(fails, 3, workers_per_host=2, backend={backend!r}, console=False,",
+        f'  File "{script}", line {line_of(script, "corral.launch(")}, in main',
+        "    corral.launch(",
         "ValueError: main failed with 21",
     ], shown
     assert str(Path(corral.__file__).parent) not in out.stderr, out.stderr

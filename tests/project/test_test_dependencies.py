@@ -147,9 +147,26 @@ def test_the_venv_holds_the_extras_and_not_the_rest() -> None:
     assert "torch" not in closure
 
 
+def programs_needing_optional() -> set[str]:
+    """The programs of ``tests/programs/`` that import an optional module."""
+    pattern = re.compile(rf"^\s*(import|from) ({'|'.join(OPTIONAL)})\b", re.MULTILINE)
+    return {p.stem for p in (TESTS / "programs").glob("*.py") if pattern.search(p.read_text())}
+
+
 def uses(node: ast.AST, names: set[str]) -> bool:
-    """Whether ``node`` imports one of ``names`` or refers to a global defined as doing so."""
+    """Whether ``node`` imports one of ``names``, refers to a global defined as doing so, or
+    runs a program that does (``program("torch_record")``, ``path("torch_record")``)."""
+    needing = programs_needing_optional()
     for child in ast.walk(node):
+        if (
+            isinstance(child, ast.Call)
+            and isinstance(child.func, ast.Name)
+            and child.func.id in ("program", "path")
+            and child.args
+            and isinstance(child.args[0], ast.Constant)
+            and child.args[0].value in needing
+        ):
+            return True
         if isinstance(child, ast.Import | ast.ImportFrom):
             modules = (
                 [a.name for a in child.names] if isinstance(child, ast.Import) else [child.module]

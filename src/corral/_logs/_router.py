@@ -37,7 +37,6 @@ import logging
 import math
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -56,8 +55,6 @@ MAX_LINE: Final = 1024 * 1024
 #: the one that grows is delivered as a piece (if it is :data:`MIN_PIECE` or more).
 MAX_PENDING: Final = 8 * 1024 * 1024
 MIN_PIECE: Final = 64 * 1024
-#: The worker lets go of the GIL at least this often (seconds) during a batch.
-_GIL_SLICE: Final = 0.001
 #: Files, handlers and tails get a progress bar's state at most this often.
 PROGRESS_INTERVAL: Final = 1.0
 
@@ -191,7 +188,6 @@ class Router:
         deliveries: list[Delivery] = []
         failed: list[StreamState] = []
         touched: set[BlockSink] = set()
-        held_since = time.perf_counter()
         for chunk in batch:
             kind = chunk.state.kind
             if kind == LINES:
@@ -207,12 +203,6 @@ class Router:
                 assert chunk.records is not None
                 self._records(chunk.state.source, chunk.records, deliveries, touched)
             self.chunks_done += 1
-            now = time.perf_counter()
-            if now - held_since > _GIL_SLICE:
-                # Let the event loop's thread have the GIL: without this it would
-                # wait up to the interpreter's switch interval (5 ms) at a time.
-                time.sleep(0)
-                held_since = time.perf_counter()
         for sink in touched:
             self._guard(sink, sink.flush_block)
         for route, _ in self._routes:
@@ -450,22 +440,14 @@ class Router:
         """Records from a child's log connection: formatted straight from the wire."""
         source = state.source
         first = source.number(len(wire))
-        batches: dict[BlockSink, list[Record]] = {}
-        wanted: list[tuple[Record, _Targets]] = []
-        last_level = None
-        targets = None
-        for rec in wire:
-            if rec.level != last_level:
-                last_level = rec.level
-                targets = self._targets(source, rec.level)
-            assert targets is not None
-            for sink in targets.sinks:
-                batch = batches.get(sink)
-                if batch is None:
-                    batch = batches[sink] = []
-                batch.append(rec)
-            if targets.needs_records:
-                wanted.append((rec, targets))
+        level = wire[0].level
+        if all(rec.level == level for rec in wire):
+            # The usual batch: one level, so one set of destinations for all of it.
+            targets = self._targets(source, level)
+            batches = {sink: wire for sink in targets.sinks}
+            wanted = [(rec, targets) for rec in wire] if targets.needs_records else []
+        else:
+            batches, wanted = self._by_level(source, wire)
         for sink, batch in batches.items():
             try:
                 sink.write_wire(source, batch)
@@ -483,7 +465,31 @@ class Router:
         else:
             for rec, targets in wanted:
                 self._hand_to_handlers(targets, [make(rec)])
-        source.remember(first, wire_block(wire, make))
+        # Only what the backlog can keep is measured for it: the newest records.
+        kept = wire[-BACKLOG_RECORDS:]
+        source.remember(first + len(wire) - len(kept), wire_block(kept, make))
+
+    def _by_level(
+        self, source: Source, wire: list[Record]
+    ) -> tuple[dict[BlockSink, list[Record]], list[tuple[Record, _Targets]]]:
+        """Records of several levels: each sink's share, and those handlers want."""
+        batches: dict[BlockSink, list[Record]] = {}
+        wanted: list[tuple[Record, _Targets]] = []
+        last_level = None
+        targets = None
+        for rec in wire:
+            if rec.level != last_level:
+                last_level = rec.level
+                targets = self._targets(source, rec.level)
+            assert targets is not None
+            for sink in targets.sinks:
+                batch = batches.get(sink)
+                if batch is None:
+                    batch = batches[sink] = []
+                batch.append(rec)
+            if targets.needs_records:
+                wanted.append((rec, targets))
+        return batches, wanted
 
     def _records(
         self,

@@ -69,7 +69,7 @@ _ACCEPT_RETRY_DELAY: Final = 0.1
 #: A read shorter than this means the connection trickles: coalesce.
 _TRICKLE: Final = 16 * 1024
 #: While a connection trickles, read it at most this often (seconds).
-_COALESCE: Final = 0.001
+_COALESCE: Final = 0.005
 #: Source names on the wire may not be longer than this.
 MAX_SOURCE: Final = 1024
 #: Connections accepted whose hello is not checked yet, at most.  To accept

@@ -331,11 +331,16 @@ class FrameDecoder:
         buf += data
         pos = 0
         end = len(buf)
+        # The loop runs once per record: what it calls is bound to locals.
+        unpack = PREFIX.unpack_from
+        decode = self._decoder.decode
+        append = messages.append
+        max_frame = self.max_frame
         try:
             with memoryview(buf) as view:
                 while end - pos >= PREFIX_SIZE:
-                    (length,) = PREFIX.unpack_from(buf, pos)
-                    if length > self.max_frame:
+                    (length,) = unpack(buf, pos)
+                    if length > max_frame:
                         raise WireError(
                             f"frame of {length} bytes exceeds the limit of {self.max_frame} bytes"
                         )
@@ -353,7 +358,13 @@ class FrameDecoder:
                             self._large[: end - start] = view[start:end]
                             pos = end
                         break  # The rest of this frame has not arrived yet.
-                    messages.append(self._decode(view[start:stop]))
+                    try:
+                        msg = decode(view[start:stop])
+                    except (msgspec.DecodeError, RecursionError) as exc:
+                        raise WireError(_describe(view[start:stop], exc)) from None
+                    if type(msg) is Hello and msg.v != PROTOCOL_VERSION:
+                        raise WireError(_unsupported(msg.v))
+                    append(msg)
                     pos = stop
         except WireError as exc:
             self._fail(exc, messages)
