@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 from tests.helpers.processes import TAG_VAR, is_alive, tagged_pids, wait_gone
+from tests.programs import program
 
 if TYPE_CHECKING:
     # Only for the annotations: imported here at run time, before pytest loads it as the plugin
@@ -54,16 +55,6 @@ def run(
 # SSH hosts
 # ------------------------------------------------------------------------------------------
 
-INSIDE = """\
-import json, os, subprocess
-print(json.dumps({
-    "netns": os.stat("/proc/self/ns/net").st_ino,
-    "addresses": subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout,
-    "ssh_connection": os.environ["SSH_CONNECTION"].split(),
-    "uid": os.getuid(),
-}))
-"""
-
 
 @pytest.mark.timeout(60)
 def test_ssh_command_runs_inside_the_hosts_namespace(ssh_hosts: _hosts.SshHosts) -> None:
@@ -71,7 +62,7 @@ def test_ssh_command_runs_inside_the_hosts_namespace(ssh_hosts: _hosts.SshHosts)
     assert len(ssh_hosts.hosts) == 2
     assert len(set(ssh_hosts.addresses)) == 2
     for host in ssh_hosts.hosts:
-        done = run(ssh_hosts.ssh_argv(host, PY, "-c", INSIDE))
+        done = run(ssh_hosts.ssh_argv(host, *program("where_am_i")))
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)
 
@@ -222,26 +213,11 @@ def test_the_job_nodelist_expands_to_resolvable_nodes(slurm_cluster: _hosts.Slur
         assert socket.gethostbyname(node) == "127.0.0.1"
 
 
-# A task that says where it runs, then reports the first SIGTERM, SIGINT or SIGUSR1 it gets, and
-# exits with status 0.
-TASK = """\
-import os, signal, sys, time
-node = os.environ["SLURMD_NODENAME"]
-def report(signum, frame):
-    print("got", signal.Signals(signum).name, node, flush=True)
-    sys.exit(0)
-for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-    signal.signal(signum, report)
-step = os.environ["SLURM_JOB_ID"] + "." + os.environ["SLURM_STEP_ID"]
-print("up", node, os.getpid(), step, flush=True)
-time.sleep(300)
-"""
-
-
 def start_tasks(cluster: _hosts.SlurmCluster) -> tuple[subprocess.Popen[str], list[int], str]:
-    """``srun`` of TASK on both nodes, once every task is up: srun, the task pids, the step id."""
+    """``srun`` of ``slurm_task.py`` on both nodes, once every task is up: srun, the task pids,
+    the step id."""
     srun = subprocess.Popen(
-        cluster.srun_argv(PY, "-c", TASK),
+        cluster.srun_argv(*program("slurm_task")),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

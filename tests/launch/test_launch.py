@@ -33,7 +33,7 @@ import cloudpickle
 import pytest
 from tests.helpers.loops import BOTH_LOOPS, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
-from tests.programs import program
+from tests.programs import as_python, program
 
 import corral
 from corral import RemoteTraceback
@@ -752,17 +752,6 @@ async def test_two_hosts_results_environment_and_logs(
         assert any("started worker-0" in m for m in logs.by_source(f"two.agent-{i}"))
 
 
-#: Rank 0 holds 100 MiB and burns CPU; rank 1 sleeps.
-COSTLY_OR_IDLE = """
-import os, time
-if os.environ["LOCAL_RANK"] == "0":
-    held = b"x" * (100 << 20)
-    while True:
-        pass
-time.sleep(60)
-"""
-
-
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_remote_workers_figures_come_over_the_link(
@@ -781,7 +770,7 @@ async def test_remote_workers_figures_come_over_the_link(
 
         async def launch() -> None:
             await r.launch_command(
-                [sys.executable, "-c", COSTLY_OR_IDLE],
+                program("costly_or_idle"),
                 hosts=[host],
                 workers_per_host=2,
                 # The agent runs this checkout's corral (python -m puts its folder first).
@@ -1052,38 +1041,6 @@ def test_two_hosts_log_level_keeps_lower_records_on_the_host(
         assert "started worker-0" in agent_file.read_text()
 
 
-#: A "Python" for the remote host that first dials the launcher's link as impostors
-#: (a wrong secret, then the right secret with another protocol version, then
-#: garbage), says on stderr what the launcher did with each, and then runs the
-#: real agent with the configuration it was given.  (The agent starts its
-#: workers with the same interpreter: for them it is the real one at once.)
-IMPOSTOR_THEN_AGENT = """#!{python}
-import base64, json, os, socket, sys
-from corral._launch import _link
-
-if sys.argv[1:] != ["-m", "corral._agent"]:  # the agent's workers: the real thing
-    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-raw = sys.stdin.buffer.readline()
-cfg = json.loads(base64.b64decode(raw))
-
-def attempt(what, frame):
-    with socket.create_connection((cfg["address"], cfg["port"]), timeout=20) as s:
-        s.sendall(frame)
-        s.settimeout(20)
-        answer = s.recv(100)
-        print(what, "refused" if answer == b"" else "answered", file=sys.stderr, flush=True)
-
-index, pid = cfg["index"], os.getpid()
-attempt("bad-secret", _link.encode(
-    _link.AgentHello(_link.LINK_VERSION, "not the secret", index, "impostor", pid)))
-attempt("bad-version", _link.encode(
-    _link.AgentHello(_link.LINK_VERSION + 1, cfg["secret"], index, "impostor", pid)))
-attempt("garbage", b"\\x00\\x00\\x00\\x05hello")
-os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
-os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-"""
-
-
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("anyio_backend", ["trio"])
@@ -1094,9 +1051,7 @@ async def test_link_refuses_a_wrong_secret_or_version(
 
     Also: SSH(python=..., cwd=...) choose the remote interpreter and directory.
     """
-    python = tmp_path / "python"
-    python.write_text(IMPOSTOR_THEN_AGENT.format(python=sys.executable))
-    python.chmod(0o755)
+    python = as_python(tmp_path, "impostor_then_agent")
     workdir = tmp_path / "remote-cwd"
     workdir.mkdir()
     logs = Lines()

@@ -26,12 +26,12 @@ from tests.helpers.commands import Child, corral_argv
 from tests.helpers.processes import TAG_VAR
 from tests.monitor.test_monitor import (
     LOOPBACK,
-    PY,
     ROOT,
     has_lines,
     launcher,
     plain_env,
 )
+from tests.programs import program
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -582,19 +582,6 @@ def test_the_page_follows_the_log_at_any_width(tmp_path: Path) -> None:
             page.close()
 
 
-#: A worker of `corral run` that says it is up, then (rank 1) fails once told to.
-FAILING_RANK = """
-import os, sys
-rank = os.environ["RANK"]
-print("up", rank, flush=True)
-if rank == "1":
-    open(sys.argv[1]).read()
-    print("ValueError: rank 1 broke", file=sys.stderr, flush=True)
-    sys.exit(3)
-os.execvp("sleep", ["sleep", "30"])
-"""
-
-
 @pytest.mark.timeout(60)
 def test_a_failing_run_as_the_page_and_tail_tell_it(tmp_path: Path, tag: str) -> None:
     """``corral run`` whose rank 1 fails: one ``failed``, the siblings ``stopped`` SIGTERM, on
@@ -602,9 +589,8 @@ def test_a_failing_run_as_the_page_and_tail_tell_it(tmp_path: Path, tag: str) ->
     status and says the failure."""
     go = tmp_path / "go"
     os.mkfifo(go)
-    (tmp_path / "w.py").write_text(FAILING_RANK)
     env = {**plain_env(), TAG_VAR: tag}
-    argv = corral_argv("run", "-n", "3", "--monitor", LOOPBACK, "--", PY, "w.py", str(go))
+    argv = corral_argv("run", "-n", "3", "--monitor", LOOPBACK, "--", *program("failing_rank", go))
     with (
         Child(argv, tmp_path / "run.err", merge=True, env=env, cwd=tmp_path) as run,
         chromium(tmp_path) as browser,
