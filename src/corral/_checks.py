@@ -13,17 +13,20 @@ import dataclasses
 import inspect
 import math
 import os
+import re
 import signal
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 __all__ = [
+    "MAX_NAME",
     "check_argv",
     "check_globs",
     "check_grace",
     "check_host",
     "check_keywords",
+    "check_name",
     "check_path",
     "check_port",
     "check_seconds",
@@ -33,6 +36,24 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: The longest name a runner or process may have.
+MAX_NAME: Final = 100
+
+_NAME_OK = re.compile(r"[^\s/\\\0]+")
+
+
+def check_name(name: object, what: str) -> str:
+    """``name`` if it may name a runner or a process (``what`` says which), else ``ValueError``.
+
+    A name is part of every log source (``<runner>.<process>``) and of a log
+    file's name: 1 to :data:`MAX_NAME` characters, no spaces or slashes.
+    """
+    if not isinstance(name, str) or not _NAME_OK.fullmatch(name) or len(name) > MAX_NAME:
+        raise ValueError(
+            f"{what} name {name!r} must be 1-{MAX_NAME} characters, without spaces or slashes"
+        )
+    return name
 
 
 def check_argv(argv: object) -> list[str]:

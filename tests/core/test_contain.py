@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -347,3 +348,26 @@ def test_members_are_killed_one_by_one_where_the_kernel_has_no_cgroup_kill(tag: 
             proc.kill()
             proc.wait()
         assert cgroup.remove()
+
+
+GRACEFUL = Path(__file__).parents[1] / "programs" / "graceful.py"
+
+
+@pytest.mark.anyio
+async def test_a_stray_is_stopped_by_the_one_stop_and_keeps_its_grace(
+    tag: str, tmp_path: Path
+) -> None:
+    """What left its group gets the stop signal and the runner's grace, as a child's group."""
+    out = tmp_path / "out"
+    handler = ListHandler()
+    daemon = f"setsid {sys.executable} {GRACEFUL} {out} 1 & exec sleep 1000"
+    async with corral.open_runner(name="strays", console=False, handlers=[handler], grace=30) as r:
+        await r.start(["sh", "-c", daemon], extra_env={TAG_VAR: tag})
+        assert await handler.wait_for(lambda: "ready" in handler.lines("strays.sh"), 30)
+        began = time.monotonic()
+        r.cancel()
+    took = time.monotonic() - began
+    assert out.read_text() == "cleaning SIGTERM\nclean\n"
+    assert 1.0 <= took < 30, took
+    assert any("left outside their process groups" in m for m in handler.messages())
+    assert tagged_pids(tag) == []

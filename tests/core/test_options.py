@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import subprocess
 import typing
 from pathlib import Path
 
@@ -18,12 +19,13 @@ import pytest
 
 import corral
 from corral import _checks
-from corral._core._options import ProcessOptions, StartOptions
+from corral._core._options import ProcessOptions, RestartPolicy, StartOptions
 from corral._launch import _link
 from corral._launch._link import AgentConfig
 from corral._launch._plan import make_plan
 from corral._runner._options import RunnerOptions, RunnerSpec
 from corral._scaleout import LaunchOptions, LaunchSpec
+from corral._sys._platform import PopenArgs
 
 
 @pytest.mark.parametrize(
@@ -315,3 +317,66 @@ def test_each_check_gives_the_value_in_its_checked_form() -> None:
     assert _checks.check_port(29500, "p") == 29500
     assert _checks.check_globs(["A*", "B"], "g") == ("A*", "B")
     assert _checks.check_path(Path("/tmp/x"), "d") == "/tmp/x"
+
+
+# -- a start is checked in one place: ProcessOptions.checked ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "said"),
+    [
+        ({"cwd": 3}, TypeError, "cwd must be a path, not int"),
+        ({"pass_fds": "3"}, TypeError, "pass_fds must be a collection"),
+        ({"pass_fds": [1]}, ValueError, "use stdin/stdout/stderr for 0-2"),
+        ({"pass_fds": [3], "wait_started": True}, ValueError, "may not contain 3 with wait_"),
+        ({"umask": "022"}, TypeError, "umask must be an int"),
+        ({"umask": True}, TypeError, "umask must be an int"),
+        ({"extra_groups": "wheel"}, TypeError, "extra_groups must be a collection"),
+        ({"env": ["A=1"]}, TypeError, "env must be a mapping"),
+        ({"env": {"A=B": "1"}}, ValueError, "env: 'A=B' is not a valid variable name"),
+        ({"extra_env": {"A": 1}}, TypeError, "extra_env['A'] must be a str, not int"),
+        ({"extra_env": {"A": "x\0y"}}, ValueError, "extra_env['A'] contains a NUL"),
+        ({"stdin": corral.LOG}, TypeError, "stdin cannot be corral.LOG"),
+        ({"stdout": subprocess.STDOUT}, ValueError, "subprocess.STDOUT is only for stderr"),
+        ({"stderr": object()}, TypeError, "stderr=<object"),
+        ({"grace": -1}, ValueError, "grace"),
+        ({"stop_signal": 0}, ValueError, "stop_signal"),
+        ({"start_timeout": 2}, ValueError, "start_timeout needs wait_started=True"),
+        ({"start_timeout": -2, "wait_started": True}, ValueError, "start_timeout"),
+        ({"restart": "sometimes"}, ValueError, "expected 'never', 'on-failure' or 'always'"),
+        ({"max_restarts": -1}, ValueError, "max_restarts must be an int >= 0"),
+        ({"backoff": float("nan")}, ValueError, "backoff"),
+        ({"name": "a b"}, ValueError, "process name 'a b' must be 1-100 characters"),
+        ({"name": "x" * 101}, ValueError, "must be 1-100 characters"),
+    ],
+)
+def test_every_start_option_is_checked_by_checked(
+    options: dict[str, object], error: type[Exception], said: str
+) -> None:
+    """A pure check: no runner, no spawn."""
+    with pytest.raises(error) as caught:
+        ProcessOptions(**options).checked(["true"])  # type: ignore[arg-type]
+    assert said in str(caught.value)
+
+
+def test_checked_gives_the_start_in_its_checked_form() -> None:
+    spec = ProcessOptions(
+        cwd=Path("/tmp"), pass_fds=[7, 5, 7], extra_groups=["a"], env={"A": "1"}, name="web"
+    ).checked(("python", "-V"))
+    assert spec.argv == ["python", "-V"] and spec.program == "python" and spec.name == "web"
+    assert spec.popen == PopenArgs(cwd="/tmp", pass_fds=(5, 7), extra_groups=("a",))
+    assert spec.env == {b"A": b"1"} and spec.extra_env is None
+    assert (spec.grace, spec.stop_signal) == (None, None)  # the runner's, at the start
+    assert spec.policy == RestartPolicy("never", 3, 1.0)
+    with pytest.raises(TypeError, match="not a str"):
+        ProcessOptions().checked("python -V")
+
+
+def test_every_popen_style_option_reaches_popen_under_its_own_name() -> None:
+    """Adding a Popen-style option is a field of PopenArgs: it reaches Popen as it is."""
+    fields = [f.name for f in dataclasses.fields(PopenArgs)]
+    popen = inspect.signature(subprocess.Popen).parameters
+    assert all(name in popen for name in fields), fields
+    assert list(PopenArgs().popen_keywords()) == fields
+    # The start options are those fields and corral's: the keywords of Runner.start.
+    assert fields == [f.name for f in dataclasses.fields(ProcessOptions)][: len(fields)]

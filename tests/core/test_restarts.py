@@ -29,7 +29,7 @@ from tests.helpers.processes import TAG_VAR, ListHandler, release
 
 import corral
 import corral._core._supervisor
-from corral._core._options import MAX_BACKOFF, RestartPolicy
+from corral._core._options import MAX_BACKOFF, ProcessOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -292,7 +292,8 @@ async def test_backoff_doubles_and_is_really_waited(tmp_path: Path, tag: str) ->
 
 
 def test_backoff_jitter_spreads_the_delays_and_respects_the_cap() -> None:
-    policy = RestartPolicy.make("on-failure", 3, 1.0)
+    options = ProcessOptions(restart="on-failure", max_restarts=3, backoff=1.0)
+    policy = options.checked(["true"]).policy
     for attempt in (1, 2, 3):
         base = 2.0 ** (attempt - 1)
         delays = [policy.delay(attempt) for _ in range(1000)]

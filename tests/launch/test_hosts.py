@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 from tests.helpers.processes import TAG_VAR, is_alive, tagged_pids, wait_gone
+from tests.programs import program
 
 if TYPE_CHECKING:
     # Only for the annotations: imported here at run time, before pytest loads it as the plugin
@@ -54,24 +55,15 @@ def run(
 # SSH hosts
 # ------------------------------------------------------------------------------------------
 
-INSIDE = """\
-import json, os, subprocess
-print(json.dumps({
-    "netns": os.stat("/proc/self/ns/net").st_ino,
-    "addresses": subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout,
-    "ssh_connection": os.environ["SSH_CONNECTION"].split(),
-    "uid": os.getuid(),
-}))
-"""
 
-
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ssh_command_runs_inside_the_hosts_namespace(ssh_hosts: _hosts.SshHosts) -> None:
     """Over ssh, a command runs as root in the host's namespace, seeing its address only."""
     assert len(ssh_hosts.hosts) == 2
     assert len(set(ssh_hosts.addresses)) == 2
     for host in ssh_hosts.hosts:
-        done = run(ssh_hosts.ssh_argv(host, PY, "-c", INSIDE))
+        done = run(ssh_hosts.ssh_argv(host, *program("where_am_i")))
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)
 
@@ -88,6 +80,7 @@ def test_ssh_command_runs_inside_the_hosts_namespace(ssh_hosts: _hosts.SshHosts)
         assert (client, server, port) == (host.launcher_address, host.address, "22")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ssh_argv_keeps_the_remote_argv_intact(ssh_hosts: _hosts.SshHosts) -> None:
     """Words with spaces, quotes and shell syntax reach the remote program as they were."""
@@ -98,6 +91,7 @@ def test_ssh_argv_keeps_the_remote_argv_intact(ssh_hosts: _hosts.SshHosts) -> No
     assert json.loads(done.stdout) == words
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_host_reaches_its_launcher_address(ssh_hosts: _hosts.SshHosts) -> None:
     """A command on a host connects back to a listener on the host's ``launcher_address``."""
@@ -181,6 +175,7 @@ def test_killing_the_ssh_client_leaves_the_remote_command_running(
     assert wait_gone([remote_pid], 10) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_an_unreachable_host_fails_fast_with_ssh_s_message(ssh_hosts: _hosts.SshHosts) -> None:
     """ssh to an address no namespace has gives up after ConnectTimeout, saying why."""
@@ -222,26 +217,11 @@ def test_the_job_nodelist_expands_to_resolvable_nodes(slurm_cluster: _hosts.Slur
         assert socket.gethostbyname(node) == "127.0.0.1"
 
 
-# A task that says where it runs, then reports the first SIGTERM, SIGINT or SIGUSR1 it gets, and
-# exits with status 0.
-TASK = """\
-import os, signal, sys, time
-node = os.environ["SLURMD_NODENAME"]
-def report(signum, frame):
-    print("got", signal.Signals(signum).name, node, flush=True)
-    sys.exit(0)
-for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-    signal.signal(signum, report)
-step = os.environ["SLURM_JOB_ID"] + "." + os.environ["SLURM_STEP_ID"]
-print("up", node, os.getpid(), step, flush=True)
-time.sleep(300)
-"""
-
-
 def start_tasks(cluster: _hosts.SlurmCluster) -> tuple[subprocess.Popen[str], list[int], str]:
-    """``srun`` of TASK on both nodes, once every task is up: srun, the task pids, the step id."""
+    """``srun`` of ``slurm_task.py`` on both nodes, once every task is up: srun, the task pids,
+    the step id."""
     srun = subprocess.Popen(
-        cluster.srun_argv(PY, "-c", TASK),
+        cluster.srun_argv(*program("slurm_task")),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

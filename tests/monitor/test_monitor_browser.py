@@ -26,12 +26,12 @@ from tests.helpers.commands import Child, corral_argv
 from tests.helpers.processes import TAG_VAR
 from tests.monitor.test_monitor import (
     LOOPBACK,
-    PY,
     ROOT,
     has_lines,
     launcher,
     plain_env,
 )
+from tests.programs import program
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -94,6 +94,7 @@ def colour_of(page: Page, selector: str) -> str:
 # exited, so the leak check finds nothing and these tests need no exemption.
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> None:
     with launcher(tmp_path, anyio_backend) as runner, chromium(tmp_path) as browser:
@@ -195,6 +196,7 @@ def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> N
         assert runner.finish() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_page_says_so_when_the_runner_is_gone(tmp_path: Path, tag: str) -> None:
     """Killed, a runner sends no "end": the page sees its monitor go and says it ended."""
@@ -262,6 +264,7 @@ def record(n: int, source: str = "demo.web", level: int = 20) -> list[Any]:
     return [source, "stdout", level, 1_700_000_000.0 + n / 1000, None, f"line {n}"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_page_keeps_its_promises(tmp_path: Path) -> None:
     server = Server()
@@ -439,6 +442,7 @@ def assert_fits(page: Page, width: int) -> None:
     assert all(v <= 0.5 for v in sticks_out.values()), sticks_out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ending", ["end", "connection-lost"])
 def test_the_page_at_its_ends(tmp_path: Path, ending: str) -> None:
@@ -507,6 +511,7 @@ BADGES_CUT = """() => [...document.querySelectorAll("#processes td.state")].filt
         > td.getBoundingClientRect().right + 0.5).map(td => td.parentElement.dataset.name)"""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_page_follows_the_log_at_any_width(tmp_path: Path) -> None:
     """At 320, 400 and 1200 px, and through resizes under a flood, the page keeps following:
@@ -582,19 +587,7 @@ def test_the_page_follows_the_log_at_any_width(tmp_path: Path) -> None:
             page.close()
 
 
-#: A worker of `corral run` that says it is up, then (rank 1) fails once told to.
-FAILING_RANK = """
-import os, sys
-rank = os.environ["RANK"]
-print("up", rank, flush=True)
-if rank == "1":
-    open(sys.argv[1]).read()
-    print("ValueError: rank 1 broke", file=sys.stderr, flush=True)
-    sys.exit(3)
-os.execvp("sleep", ["sleep", "30"])
-"""
-
-
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_failing_run_as_the_page_and_tail_tell_it(tmp_path: Path, tag: str) -> None:
     """``corral run`` whose rank 1 fails: one ``failed``, the siblings ``stopped`` SIGTERM, on
@@ -602,9 +595,8 @@ def test_a_failing_run_as_the_page_and_tail_tell_it(tmp_path: Path, tag: str) ->
     status and says the failure."""
     go = tmp_path / "go"
     os.mkfifo(go)
-    (tmp_path / "w.py").write_text(FAILING_RANK)
     env = {**plain_env(), TAG_VAR: tag}
-    argv = corral_argv("run", "-n", "3", "--monitor", LOOPBACK, "--", PY, "w.py", str(go))
+    argv = corral_argv("run", "-n", "3", "--monitor", LOOPBACK, "--", *program("failing_rank", go))
     with (
         Child(argv, tmp_path / "run.err", merge=True, env=env, cwd=tmp_path) as run,
         chromium(tmp_path) as browser,

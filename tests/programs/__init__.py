@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["FOLDER", "program", "path"]
+__all__ = ["FOLDER", "as_python", "path", "program"]
 
 #: This folder: the programs are its modules.
 FOLDER = Path(__file__).resolve().parent
@@ -36,3 +36,13 @@ def path(name: str) -> Path:
 def program(name: str, *args: object) -> list[str]:
     """The argv that runs the program ``name`` with ``args`` in this interpreter."""
     return [sys.executable, str(path(name)), *map(str, args)]
+
+
+def as_python(folder: Path, name: str) -> Path:
+    """An executable ``folder/python`` that runs the program ``name`` with its arguments: a
+    stand-in for a host's interpreter (``SSH(python=...)``), which the program may hand over
+    to the real one (``os.execv(sys.executable, ...)``)."""
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {path(name)} "$@"\n')
+    python.chmod(0o755)
+    return python

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .._checks import check_seconds, is_text
+from .._checks import MAX_NAME, check_seconds, is_text
 from .._scaleout import MAX_WORKERS_PER_HOST
 from ._io import shorten
 
@@ -69,7 +69,6 @@ def text_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 
 def run_name(value: str) -> str:
-    from .._runner._runner import MAX_NAME
 
     if not value or len(value) > MAX_NAME or _BAD_NAME.search(value) or not is_text(value):
         raise click.BadParameter(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO, TypeVar, cast
 import anyio
 import anyio.to_thread
 
+from .._core._stop import Grace, stop_strays
 from .._logs._terminal import terminal_text
 from .._sys import _contain
 from ._console import CommandConsole
@@ -86,10 +87,14 @@ def _last_sweep(grace: float) -> None:
     if not found:
         return
     say(f"corral: stopping {len(found)} process(es) left behind: {_contain.describe(found)}")
+
+    async def sweep(signum: int, seconds: float) -> None:
+        await stop_strays(strays, signum, Grace(seconds))
+
     try:
-        strays.stop(signal.SIGTERM, grace)
+        anyio.run(sweep, signal.SIGTERM, grace)
     except KeyboardInterrupt:
-        strays.stop(signal.SIGKILL, 0)
+        anyio.run(sweep, signal.SIGKILL, 0.0)
 
 
 def _from_group(group: BaseExceptionGroup[BaseException], programs: Sequence[str]) -> int:

@@ -528,7 +528,7 @@ class _RunJob:
     async def __call__(self, r: Runner, status: Status) -> int:
         import corral
 
-        from .._core._options import RestartPolicy
+        from .._core._options import ProcessOptions, RestartPolicy
 
         attempt = 0
         while True:
@@ -567,7 +567,8 @@ class _RunJob:
                 attempt += 1
                 status.restarted(attempt)
                 # The library's policy: 1 s doubled each time, with jitter, at most 30 s.
-                delay = RestartPolicy("on-failure", self.max_restarts).delay(attempt)
+                backoff = ProcessOptions().backoff
+                delay = RestartPolicy("on-failure", self.max_restarts, backoff).delay(attempt)
                 r.log(
                     logging.WARNING,
                     f"restarting the worker group in {delay:.2f} s (restart {attempt} of "

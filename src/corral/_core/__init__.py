@@ -13,5 +13,5 @@ It knows nothing of runners, launches or monitors: those stand on it (the
 runner, :mod:`corral._runner`, is the floor on top that puts them together).
 
 Public face: _options, _stdio, _process, _token, _spawn, _supervisor, _signals, _usage, _run,
-_pipes
+_pipes, _stop
 """

@@ -10,7 +10,6 @@ its state and asks for stops; the supervisor does the rest.
 
 from __future__ import annotations
 
-import signal as _signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -206,21 +205,20 @@ class Process(anyio.abc.Process):
         """Send SIGTERM to the child's whole process group, at once.
 
         An exit caused by this call is not a failure, even with ``check=True``,
-        and the child is not restarted.
+        and the child is not restarted.  What the child started in its group
+        gets the child's grace to end after it (see :meth:`stop`).
         """
         self._token.check("Process.terminate")
-        self._sup.request_stop()
-        self._sup.signal_group(_signal.SIGTERM)
+        self._sup.terminate()
 
     def kill(self) -> None:
         """Send SIGKILL to the child's whole process group, at once.
 
         An exit caused by this call is not a failure, even with ``check=True``,
-        and the child is not restarted.
+        and the child is not restarted.  A :meth:`stop` under way ends at once.
         """
         self._token.check("Process.kill")
-        self._sup.request_stop()
-        self._sup.signal_group(_signal.SIGKILL)
+        self._sup.kill()
 
     def send_signal(self, signal: int) -> None:
         """Send ``signal`` to the child's whole process group, at once (0 checks it exists).
@@ -231,18 +229,35 @@ class Process(anyio.abc.Process):
         self._token.check("Process.send_signal")
         self._sup.signal_group(check_signal(signal, "signal") if signal != 0 else 0)
 
-    async def stop(self, grace: float | None = None) -> int:
-        """Stop the child: its stop signal to the group, up to ``grace`` seconds, then SIGKILL.
+    async def stop(self, grace: float | None = None, *, signal: int | None = None) -> int:
+        """Stop the child: ``signal`` to its group, up to ``grace`` seconds, then SIGKILL.
 
-        ``grace`` defaults to the one given to :meth:`Runner.start` or the
-        runner.  An exit caused by this call is not a failure, even with
-        ``check=True``, and the child is not restarted.  Returns the exit code
-        once the child is gone and its output delivered.  If the calling task
-        is cancelled meanwhile, the stop itself (signal, grace, SIGKILL, reap)
-        still completes.
+        The graceful stop, the one every stop of corral is (a failure
+        elsewhere, the end of the runner's scope, a Ctrl-C passed on):
+
+        1. ``signal`` — by default the child's stop signal (``stop_signal=``
+           of :meth:`Runner.start` or the runner, SIGTERM unless told
+           otherwise) — goes to the child's whole process group;
+        2. the group gets ``grace`` seconds (by default the child's grace) to
+           end.  The grace belongs to the whole group, not to the child alone:
+           a shell that runs its program without ``exec`` (``sh -c 'python
+           app.py; echo done'``, a Procfile line) dies at once on SIGTERM while
+           the program goes on cleaning up in the group, and the program keeps
+           the rest of the grace;
+        3. whatever of the group is left then gets SIGKILL;
+        4. once the child is reaped and its output delivered, the call returns
+           its exit code.
+
+        A second ``stop()`` while one is under way sends no second signal
+        (which would cut short the clean-up the first one started); a shorter
+        ``grace`` brings the SIGKILL forward for both, and :meth:`kill` ends
+        the grace at once.  An exit caused by a stop is not a failure, even
+        with ``check=True``, and the child is not restarted.  If the calling
+        task is cancelled meanwhile, the stop itself (signal, grace, SIGKILL,
+        reap) still completes.
         """
         self._token.check("Process.stop")
-        return await self._sup.stop(grace)
+        return await self._sup.stop(grace, signal)
 
     async def aclose(self) -> None:
         """:meth:`stop` the child, then close the streams of its pipes."""

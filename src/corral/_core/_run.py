@@ -16,13 +16,15 @@ import anyio
 from .._errors import STDERR_TAIL_BYTES
 from ._handshake import HandshakeReader
 from ._pipes import BufferedReceiveStream, PipeReader, PipeReceiveStream, PipeSendStream
+from ._stop import Grace
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream
 
     from .._logs._hub import LogHub
     from .._logs._sources import Source
-    from ._spawn import Spawned, SpawnSpec
+    from ._options import StartSpec
+    from ._spawn import Spawned
 
 __all__ = ["Run", "UserStream", "close_status", "drain", "feed", "open_run"]
 
@@ -48,6 +50,10 @@ class Run:
         self.exit_seen: int | None = None
         self.duration: float | None = None
         self.leader_exited = anyio.Event()
+        #: Set once nothing of its process group runs any more (then it is reaped).
+        self.group_gone = anyio.Event()
+        #: The stop under way (signal sent, grace running), if one is.
+        self.stopping: Grace | None = None
         self.reaped = anyio.Event()
         self.done = anyio.Event()
         #: The streams this run hands its user (``PIPE``), in the order they were made.
@@ -59,7 +65,7 @@ class Run:
 
 def open_run(
     spawned: Spawned,
-    spec: SpawnSpec,
+    spec: StartSpec,
     *,
     hub: LogHub,
     source: Source,

@@ -1,8 +1,8 @@
-"""Spawning one child: its options checked, its descriptors and environment made.
+"""Spawning one child: its descriptors and environment made, then the spawn itself.
 
-:class:`SpawnSpec` is what :meth:`Runner.start` was asked for, checked once
-(so that bad input raises before anything starts, and a restart spawns from
-the same spec).  :class:`Spawner` turns a spec into a running child:
+:class:`Spawner` turns a checked start (a :class:`~corral._core._options.StartSpec`,
+made once, so that bad input raises before anything starts and a restart
+spawns from the same record) into a running child:
 
 * it makes the pipes the spec asks for (stdout and stderr for the log or for
   collection, stdin for input, one for the start-up handshake), retrying
@@ -29,112 +29,22 @@ import errno
 import logging
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from .._checks import check_argv
 from .._errors import ResourceLimitError
 from .._sys import _childenv, _platform
 from .._sys._lifeline import Lifeline
 from . import _handshake
-from ._stdio import Plan, plan_input, plan_output
 
 if TYPE_CHECKING:
-    from ._options import ProcessOptions
+    from ._options import StartSpec
 
-__all__ = ["SpawnSpec", "Spawned", "Spawner", "describe_argv"]
+__all__ = ["Spawned", "Spawner", "describe_argv"]
 
 T = TypeVar("T")
-
-StrOrPath = str | os.PathLike[str]
-
-
-def _check_env(env: object, what: str) -> dict[bytes, bytes | None] | None:
-    if env is None:
-        return None
-    if not isinstance(env, Mapping):
-        raise TypeError(f"{what} must be a mapping of names to values, not {type(env).__name__}")
-    result: dict[bytes, bytes | None] = {}
-    for key, value in env.items():
-        if not isinstance(key, (str, bytes)) or not key or "=" in os.fsdecode(key):
-            raise ValueError(f"{what}: {key!r} is not a valid variable name")
-        if value is not None and not isinstance(value, (str, bytes, os.PathLike)):
-            raise TypeError(f"{what}[{key!r}] must be a str, not {type(value).__name__}")
-        encoded = None if value is None else os.fsencode(value)
-        if encoded is not None and b"\0" in encoded:
-            raise ValueError(f"{what}[{key!r}] contains a NUL character")
-        result[os.fsencode(key)] = encoded
-    return result
-
-
-@dataclass(frozen=True)
-class SpawnSpec:
-    """A child to spawn, as :meth:`Runner.start` was asked (checked)."""
-
-    argv: list[str]
-    env: dict[bytes, bytes | None] | None = None
-    extra_env: dict[bytes, bytes | None] | None = None
-    cwd: str | None = None
-    stdin: Plan = field(default_factory=lambda: plan_input(subprocess.DEVNULL))
-    stdout: Plan = field(default_factory=lambda: Plan(log=True))
-    stderr: Plan = field(default_factory=lambda: Plan(log=True))
-    pass_fds: tuple[int, ...] = ()
-    start_new_session: bool = False
-    user: str | int | None = None
-    group: str | int | None = None
-    extra_groups: tuple[str | int, ...] | None = None
-    umask: int = -1
-    wait_started: bool = False
-
-    @classmethod
-    def make(cls, argv: object, options: ProcessOptions) -> SpawnSpec:
-        """``argv`` and the spawn's part of ``options``, checked: ``TypeError``, ``ValueError``."""
-        env, extra_env, cwd = options.env, options.extra_env, options.cwd
-        stdin, stdout, stderr = options.stdin, options.stdout, options.stderr
-        pass_fds, start_new_session = options.pass_fds, options.start_new_session
-        user, group, extra_groups = options.user, options.group, options.extra_groups
-        umask, wait_started = options.umask, options.wait_started
-        if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
-            raise TypeError(f"cwd must be a path, not {type(cwd).__name__}")
-        fds: tuple[int, ...] = ()
-        if pass_fds:
-            if not isinstance(pass_fds, Collection) or isinstance(pass_fds, (str, bytes)):
-                raise TypeError("pass_fds must be a collection of file descriptors")
-            fds = tuple(sorted({int(fd) for fd in pass_fds}))
-            if any(fd < 3 for fd in fds):
-                raise ValueError(
-                    "pass_fds are kept at their numbers: use stdin/stdout/stderr for 0-2"
-                )
-        if not isinstance(umask, int) or isinstance(umask, bool):
-            raise TypeError("umask must be an int")
-        groups: tuple[str | int, ...] | None = None
-        if extra_groups is not None:
-            if isinstance(extra_groups, (str, bytes)) or not isinstance(extra_groups, Collection):
-                raise TypeError("extra_groups must be a collection of group names or ids")
-            groups = tuple(extra_groups)
-        return cls(
-            argv=check_argv(argv),
-            env=_check_env(env, "env"),
-            extra_env=_check_env(extra_env, "extra_env"),
-            cwd=os.fspath(cwd) if cwd is not None else None,
-            stdin=plan_input(stdin),
-            stdout=plan_output(stdout, "stdout"),
-            stderr=plan_output(stderr, "stderr"),
-            pass_fds=fds,
-            start_new_session=bool(start_new_session),
-            user=user,
-            group=group,
-            extra_groups=groups,
-            umask=umask,
-            wait_started=bool(wait_started),
-        )
-
-    @property
-    def program(self) -> str:
-        return os.path.basename(self.argv[0])
 
 
 @dataclass
@@ -179,7 +89,7 @@ class Spawner:
         self._child = ""  # the child being spawned, for errors
 
     def spawn(
-        self, spec: SpawnSpec, extra: Mapping[bytes, bytes], name: str | None = None
+        self, spec: StartSpec, extra: Mapping[bytes, bytes], name: str | None = None
     ) -> Spawned:
         """Spawn ``spec``, the child ``name``, with corral's variables ``extra`` in its env."""
         self._child = name if name is not None else spec.program
@@ -226,17 +136,11 @@ class Spawner:
                     lambda: _platform.spawn(
                         spec.argv,
                         env=env,
-                        cwd=spec.cwd,
                         stdin=_slot(ends["stdin"], 0),
                         stdout=_slot(ends["stdout"], 1),
                         stderr=_slot(ends["stderr"], 2),
                         handshake=handshake,
-                        pass_fds=spec.pass_fds,
-                        start_new_session=spec.start_new_session,
-                        user=spec.user,
-                        group=spec.group,
-                        extra_groups=spec.extra_groups,
-                        umask=spec.umask,
+                        popen=spec.popen,
                         cgroup=self._cgroup,
                     ),
                     None,
@@ -298,7 +202,7 @@ class Spawner:
             status=status,
         )
 
-    def _environment(self, spec: SpawnSpec, extra: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
+    def _environment(self, spec: StartSpec, extra: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
         # Bytes all the way: os.environb is the cheapest copy, and the spawn
         # takes bytes without re-encoding.
         if spec.env is not None:

@@ -38,13 +38,14 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.lowlevel
 
-from .._checks import check_grace
+from .._checks import check_grace, check_signal
 from .._errors import HandshakeError, ProcessFailed, StartupFailed
 from .._sys import _platform
 from .._sys._backend import SureTask, outlast_native_cancel, start_surely
 from ._handshake import MAX_REPORT
 from ._run import Run, UserStream, close_status, open_run
-from ._spawn import Spawned, Spawner, SpawnSpec, describe_argv
+from ._spawn import Spawned, Spawner, describe_argv
+from ._stop import Census, Grace, group_gone, stop
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from .._logs._hub import LogHub
     from .._logs._sources import Source
     from .._sys._proc import ResourceUsage
-    from ._options import RestartPolicy
+    from ._options import StartSpec
     from ._signals import Subscription
     from ._token import LoopToken
     from ._usage import UsageSampler
@@ -76,6 +77,8 @@ class ProcessServices:
     #: The pipes the runner handed to users as streams; those still open are
     #: closed when the runner exits.
     open_streams: set[UserStream]
+    #: Who finds the members of the children's groups (one per runner).
+    census: Census
     #: What samples each child's CPU and memory (``None``: ``usage=False``).
     usage: UsageSampler | None = None
 
@@ -92,16 +95,13 @@ class Supervisor:
     def __init__(
         self,
         services: ProcessServices,
-        spec: SpawnSpec,
+        spec: StartSpec,
         spawned: Spawned,
         *,
         name: str,
         source: Source,
-        check: bool,
         grace: float,
         stop_signal: int,
-        policy: RestartPolicy,
-        start_timeout: float | None,
         on_exit: Callable[[], None],
         on_event: Callable[[str], None],
     ) -> None:
@@ -112,11 +112,11 @@ class Supervisor:
         self.spec = spec
         self.name = name
         self.source = source
-        self._check = check
+        self._check = spec.check
         self._grace = grace
         self._stop_signal = stop_signal
-        self._policy = policy
-        self._start_timeout = start_timeout
+        self._policy = spec.policy
+        self._start_timeout = spec.start_timeout
         self.stop_requested = False
         self._forwarded = False
         self.restarts = 0
@@ -173,21 +173,17 @@ class Supervisor:
 
     # -- what its process does ----------------------------------------------------------
 
-    async def stop(self, grace: float | None = None) -> int:
-        """Stop the child: its stop signal to the group, up to ``grace`` seconds, then SIGKILL.
+    async def stop(self, grace: float | None = None, signum: int | None = None) -> int:
+        """Stop the child: ``signum`` to the group, up to ``grace`` seconds, then SIGKILL.
 
-        ``grace`` defaults to the one given to :meth:`Runner.start` or the
-        runner.  An exit caused by this call is not a failure, even with
-        ``check=True``, and the child is not restarted.  Returns the exit code
-        once the child is gone and its output delivered.  If the calling task
-        is cancelled meanwhile, the stop itself (signal, grace, SIGKILL, reap)
-        still completes.
+        See :meth:`Process.stop`.
         """
         grace = self._grace if grace is None else check_grace(grace)
+        signum = self._stop_signal if signum is None else check_signal(signum, "signal")
         self.request_stop()
         run = self.run
         with anyio.CancelScope(shield=True):
-            await self._stop_run(run, grace)
+            await self._stop_run(run, grace, signum)
             await outlast_native_cancel(run.reaped.wait)
         await self.final.wait()
         assert self.final_code is not None
@@ -203,6 +199,26 @@ class Supervisor:
     def request_stop(self) -> None:
         self.stop_requested = True
         self._stop_event.set()
+
+    def terminate(self) -> None:
+        """SIGTERM to the group at once, which then has its grace (:meth:`Process.terminate`)."""
+        self.request_stop()
+        self._stopping(self.run, self._grace)
+        self.signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to the group at once; a stop under way ends its grace now."""
+        self.request_stop()
+        self._stopping(self.run, 0.0)
+        self.signal_group(signal.SIGKILL)
+
+    def _stopping(self, run: Run, grace: float) -> Grace:
+        """The stop under way of ``run`` (one per run): made with ``grace``, or shortened to it."""
+        if run.stopping is None:
+            run.stopping = Grace(grace)
+        else:
+            run.stopping.shorten(grace)
+        return run.stopping
 
     def signal_group(self, sig: int) -> bool:
         # After the leader has been reaped, its id may belong to someone else:
@@ -223,43 +239,50 @@ class Supervisor:
         self.stop_requested = True
         self._forwarded = True
         run = self.run
-        if run.reaped.is_set() or run.leader_exited.is_set():
+        if run.reaped.is_set():
             return
         try:
             _platform.signal_group(run.pgid, signum)
         except OSError:
             pass  # nothing to do about it in a signal handler; the stop follows
 
-    async def _stop_run(self, run: Run, grace: float) -> None:
-        """Stop signal to the group, up to ``grace`` seconds, then SIGKILL; wait for the exit.
+    async def _stop_run(self, run: Run, grace: float, signum: int | None = None) -> None:
+        """The one stop of the run's group: ``signum`` (or the stop signal), ``grace``, SIGKILL.
 
-        Always ends with the leader exited: if the stop signal cannot be sent,
-        SIGKILL follows at once.
+        Returns once the whole group is gone (see :mod:`corral._core._stop`):
+        the grace runs until then, not until the leader exits.  The first stop
+        of a run sends its signal (unless the launcher passed one on); a later
+        one only shortens the grace under way.  If the stop signal cannot be
+        sent, SIGKILL follows at once.
         """
-        if run.leader_exited.is_set() or run.reaped.is_set():
+        if run.reaped.is_set():
             return
         for reader in run.readers:
             reader.stopping()  # a child that is stopping is read whatever its tails hold
-        if not self._forwarded:
-            try:
-                self.signal_group(self._stop_signal)
-            except (OSError, ValueError) as exc:
-                self._services.hub.log(
-                    logging.WARNING,
-                    f"{self.name} (pid {run.pid}): cannot send its stop signal ({exc}); killing it",
-                )
-                grace = 0.0
-        with anyio.move_on_after(grace) as grace_period:
-            await outlast_native_cancel(run.leader_exited.wait, grace_period)
-        if not run.leader_exited.is_set():
-            if grace > 0 and self._kill_said is not run:
-                self._kill_said = run
-                self._services.hub.log(
-                    logging.WARNING,
-                    f"{self.name} (pid {run.pid}) did not stop within {grace:g} s; killing it",
-                )
-            self.signal_group(signal.SIGKILL)
-            await outlast_native_cancel(run.leader_exited.wait)
+        first = run.stopping is None
+        stopping = self._stopping(run, grace)
+        send = signum if signum is not None else self._stop_signal
+        await stop(
+            _Group(self, run),
+            stopping,
+            send if first and not self._forwarded else None,
+            on_kill=partial(self._say_kill, run, grace),
+            on_signal_error=partial(self._say_cannot_signal, run),
+        )
+
+    def _say_kill(self, run: Run, grace: float) -> None:
+        if grace > 0 and self._kill_said is not run:
+            self._kill_said = run
+            self._services.hub.log(
+                logging.WARNING,
+                f"{self.name} (pid {run.pid}) did not stop within {grace:g} s; killing it",
+            )
+
+    def _say_cannot_signal(self, run: Run, exc: OSError | ValueError) -> None:
+        self._services.hub.log(
+            logging.WARNING,
+            f"{self.name} (pid {run.pid}): cannot send its stop signal ({exc}); killing it",
+        )
 
     def _make_run(self, spawned: Spawned) -> Run:
         """Open the run of a freshly spawned child; take the streams it hands its user."""
@@ -410,11 +433,10 @@ class Supervisor:
                     await anyio.wait_readable(spawned.pidfd)
                     status = self._exit_status(run)
                     run.duration = time.monotonic() - spawned.started_at
-                    # The leader is a zombie now: its group id is still ours.
-                    # Anything it left behind in the group goes with it.
-                    _platform.signal_group(run.pgid, signal.SIGKILL)
                     run.exit_seen = status
                     run.leader_exited.set()
+                    # The leader is a zombie now: its group id is still ours.
+                    await self._end_group(run)
                     for reader in run.readers:
                         reader.finish()
                     for stream in run.receive_streams:
@@ -424,11 +446,13 @@ class Supervisor:
                     # Its logging connections end with it: read them to the end.
                     await hub.drain(self.source, run.pgid)
             finally:
-                if status is None:
+                if status is None or not run.group_gone.is_set():
                     # Only a cancellation that no shield holds back gets here
                     # (asyncio.run cancelling every task at its end): kill the
                     # group and reap, never leave the child unmanaged.
                     _platform.signal_group(run.pgid, signal.SIGKILL)
+                    run.group_gone.set()
+                if status is None:
                     try:
                         status = _platform.wait_blocking(run.pid)
                     except _platform.StatusLost:
@@ -457,6 +481,23 @@ class Supervisor:
         # collector gives up on a stuck handler).
         await hub.delivered(mark)
         run.done.set()
+
+    async def _end_group(self, run: Run) -> None:
+        """Once the leader has exited: what it left in its group ends too.
+
+        Stopped (a stop signal went to the group: a stop, ``terminate()``, a
+        signal passed on), the group keeps what is left of its grace: a
+        program that a shell ran without ``exec`` may still be cleaning up.
+        Otherwise, or once the grace is over, whatever is left gets SIGKILL.
+        """
+        stopping = run.stopping
+        if stopping is None and self._forwarded:
+            stopping = run.stopping = Grace(self._grace)
+        if stopping is not None and not stopping.over:
+            census = self._services.census
+            await stopping.within(partial(group_gone, census, run.pgid, run.pid))
+        _platform.signal_group(run.pgid, signal.SIGKILL)
+        run.group_gone.set()
 
     def _exit_status(self, run: Run) -> int:
         try:
@@ -574,3 +615,20 @@ class Supervisor:
             f"{self.name} (pid {run.pid}) {_platform.describe_status(run.returncode)} "
             f"after {duration:.3f} s"
         )
+
+
+class _Group:
+    """A run's process group, as a stop sees it (a :class:`corral._core._stop.Target`)."""
+
+    def __init__(self, supervisor: Supervisor, run: Run) -> None:
+        self._supervisor = supervisor
+        self._run = run
+
+    def signal(self, signum: int) -> None:
+        self._supervisor.signal_group(signum)
+
+    async def gone(self) -> None:
+        await self._run.group_gone.wait()
+
+    async def kill(self) -> None:
+        self._supervisor.signal_group(signal.SIGKILL)

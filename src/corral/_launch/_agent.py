@@ -38,6 +38,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from .._core._options import DEFAULT_GRACE
 from .._logs._records import format_message, source_of
 from .._logs._sinks import BlockSink
 from .._logs._sources import Source
@@ -145,7 +146,7 @@ CLIENT_GONE = "its ssh client is gone (standard input closed) before the agent c
 async def obey(link: AgentLink, workers: HostWorkers, config: _link.AgentConfig) -> str | None:
     """Do what the launcher says until the work is done; why the link was lost, if it was."""
     done = anyio.Event()
-    grace = 5.0  # until a job says otherwise
+    grace = DEFAULT_GRACE  # until a job says otherwise
     job_started = False
     lost: str | None = None
 

@@ -128,25 +128,14 @@ class HostWorkers:
                     else:
                         tg.start_soon(self._hasten, proc, grace)
 
-    @classmethod
-    async def _stop_one(cls, proc: Process, grace: float, signum: int) -> None:
-        if not signum:
-            await proc.stop(grace)
-            return
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass  # gone meanwhile
-        await cls._hasten(proc, grace)
+    @staticmethod
+    async def _stop_one(proc: Process, grace: float, signum: int) -> None:
+        await proc.stop(grace, signal=signum or None)
 
     @staticmethod
     async def _hasten(proc: Process, grace: float) -> None:
-        """A stop of ``proc`` is under way: SIGKILL it if it still runs ``grace`` s from now."""
-        with anyio.move_on_after(grace):
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
+        """A stop of ``proc`` is under way: ``grace`` from now at most, then SIGKILL."""
+        await proc.stop(grace)
 
     def _environment(self, job: _link.Job, local_rank: int) -> dict[str, str | None]:
         """The worker's environment: the job's, and torchrun's variables for its rank."""

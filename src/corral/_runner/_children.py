@@ -7,10 +7,11 @@ options checked, the child spawned, its :class:`Supervisor` started in the
 runner's task group, the :class:`Process` handed back.  The runner's public
 methods are thin: :meth:`Runner.start` and :meth:`Runner.run` both come here.
 
-Names follow one rule (:func:`check_name`): 1 to :data:`MAX_NAME`
-characters, no spaces or slashes, since a name is part of a log source and
-of a log file's name.  A child without a name gets its program's base
-name, with a numbered suffix while that one is taken.
+Names follow one rule (:func:`corral._checks.check_name`, applied when the
+start is checked): 1 to :data:`~corral._checks.MAX_NAME` characters, no
+spaces or slashes, since a name is part of a log source and of a log file's
+name.  A child without a name gets its program's base name, with a numbered
+suffix while that one is taken.
 """
 
 from __future__ import annotations
@@ -18,37 +19,25 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Final
 
 import anyio
 import anyio.lowlevel
 
-from .._checks import check_grace, check_signal
-from .._core._options import ProcessOptions, RestartPolicy
+from .._checks import MAX_NAME
+from .._core._options import StartSpec
 from .._core._process import Process
-from .._core._spawn import SpawnSpec, describe_argv
+from .._core._spawn import describe_argv
 from .._core._supervisor import Supervisor
 from .._logs._hub import LogHub
 from .._sys import _backend
 from ._scope import Scope
 
-__all__ = ["MAX_NAME", "Children", "check_name"]
+__all__ = ["Children"]
 
-#: The longest name a runner or process may have.
-MAX_NAME: Final = 100
-
-_NAME_OK = re.compile(r"[^\s/\\\0]+")
+#: What a program's name may not keep in a child's name.
 _NAME_BAD_CHARS = re.compile(r"[\s/\\\0]+")
 
 Observer = Callable[[Process, str], None]
-
-
-def check_name(name: object, what: str) -> None:
-    """``ValueError`` unless ``name`` may name a runner or a process (``what`` says which)."""
-    if not isinstance(name, str) or not _NAME_OK.fullmatch(name) or len(name) > MAX_NAME:
-        raise ValueError(
-            f"{what} name {name!r} must be 1-{MAX_NAME} characters, without spaces or slashes"
-        )
 
 
 class Children:
@@ -115,29 +104,16 @@ class Children:
         if self._scope.closing:
             raise RuntimeError(f"runner {self._runner!r} is closing; it starts no new processes")
 
-    async def start(self, argv: object, options: ProcessOptions, *, what: str) -> Process:
-        """Check ``options``, spawn ``argv`` and supervise it; its handle, once it runs.
+    async def start(self, spec: StartSpec) -> Process:
+        """Spawn the checked start ``spec`` and supervise it; its handle, once it runs.
 
-        With ``wait_started``, once it reported that it started.  ``what``
-        names the caller in errors.  Nothing is spawned when an option is
-        wrong or the calling scope is cancelled already; a cancellation that
-        arrives once the child runs stops and reaps it before it goes on.
+        With ``wait_started``, once it reported that it started.  Nothing is
+        spawned when the calling scope is cancelled already; a cancellation
+        that arrives once the child runs stops and reaps it before it goes on.
         """
         self.check_open()
-        wait_started = bool(options.wait_started)
-        start_timeout = options.start_timeout
-        if start_timeout is not None:
-            if not wait_started:
-                raise ValueError("start_timeout needs wait_started=True: it bounds the report")
-            start_timeout = check_grace(start_timeout, "start_timeout")
-        spec = SpawnSpec.make(argv, options)
-        grace = options.grace
-        grace = self._grace if grace is None else check_grace(grace)
-        stop_signal = options.stop_signal
-        stop_signal = self._stop_signal if stop_signal is None else check_signal(stop_signal)
-        policy = RestartPolicy.make(options.restart, options.max_restarts, options.backoff)
-        if options.name is not None:
-            check_name(options.name, "process")
+        grace = self._grace if spec.grace is None else spec.grace
+        stop_signal = self._stop_signal if spec.stop_signal is None else spec.stop_signal
         services = self._scope.services
         tg = self._scope.tg
         assert services is not None and tg is not None
@@ -153,7 +129,7 @@ class Children:
             # spawns nothing.
             await checkpoint_if_cancelled()
             # No await from here until the supervisor runs: the name stays ours.
-            name = self._unique_name(options.name, spec.program)
+            name = self._unique_name(spec.name, spec.program)
             source = self._hub.source(name)
             spawned = services.spawner.spawn(spec, self._hub.child_env(source), name)
 
@@ -169,17 +145,14 @@ class Children:
                 spawned,
                 name=name,
                 source=source,
-                check=bool(options.check),
                 grace=grace,
                 stop_signal=stop_signal,
-                policy=policy,
-                start_timeout=start_timeout,
                 on_exit=exited,
                 on_event=event,
             )
             proc = Process(sup)
             self._live[name] = proc
-            if options.service:
+            if spec.service:
                 self._services.add(proc)
             signals = self._scope.signals
             if signals is not None:
@@ -208,7 +181,7 @@ class Children:
         except BaseException:
             await sup.abandon()
             raise
-        if wait_started:
+        if spec.wait_started:
             await sup.wait_started()
         return proc
 
@@ -240,7 +213,6 @@ class Children:
     def _unique_name(self, name: str | None, program: str) -> str:
         taken = self._live
         if name is not None:
-            check_name(name, "process")
             if name in taken:
                 raise ValueError(f"a process named {name!r} is already running in this runner")
         else:

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypedDict
 
-from .._checks import check_keywords
-from .._core._options import StrOrPath
+from .._checks import check_grace, check_keywords, check_name, check_signal
+from .._core._options import DEFAULT_GRACE, StrOrPath
 from .._logs._router import Route
 from .._scaleout import LaunchKeywords
 
@@ -59,11 +59,11 @@ class RunnerOptions(TypedDict, total=False):
 class RunnerSpec:
     """What a runner was asked for: the keywords of :func:`open_runner`, with their defaults.
 
-    Not checked yet: the :class:`Runner` checks each value.
+    Not checked yet: :meth:`checked` checks the runner's own values.
     """
 
     name: str = "corral"
-    grace: float = 5.0
+    grace: float = DEFAULT_GRACE
     stop_signal: int = signal.SIGTERM
     console: bool = True
     handlers: Sequence[logging.Handler | Route] = ()
@@ -80,6 +80,21 @@ class RunnerSpec:
         """From a call's keywords; an unknown one is a ``TypeError``, as for any call."""
         check_keywords(options, _RUNNER_FIELDS, what)
         return cls(**options)
+
+    def checked(self) -> RunnerSpec:
+        """This record with the runner's own values checked (its name, its stop's defaults).
+
+        What is passed on is checked where it is taken: the handlers by the
+        log service, the monitor's address by the monitor.
+        """
+        name = check_name(self.name, "runner")
+        if "." in name:
+            raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
+        if self.handle_signals not in (None, True, False):
+            raise TypeError("handle_signals must be None, True or False")
+        return dataclasses.replace(
+            self, grace=check_grace(self.grace), stop_signal=check_signal(self.stop_signal)
+        )
 
 
 _RUNNER_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(RunnerSpec))

@@ -42,7 +42,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._checks import check_grace, check_signal, with_keywords
+from .._checks import with_keywords
 from .._core._options import ProcessOptions, StartOptions, StrOrPath
 from .._core._process import Process
 from .._core._run import drain, feed
@@ -54,7 +54,7 @@ from .._results import CompletedProcess, LaunchResult
 from .._scaleout import LaunchOptions, LaunchSpec
 from .._sys._lifeline import Lifeline
 from .._sys._proc import ResourceUsage
-from ._children import MAX_NAME, Children, check_name
+from ._children import Children
 from ._options import RunnerOptions, RunnerSpec
 from ._scope import Scope
 
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from .._launch._context import LaunchContext
     from .._monitor._server import Monitor
 
-__all__ = ["MAX_NAME", "Runner", "open_runner"]
+__all__ = ["Runner", "open_runner"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -80,17 +80,12 @@ class Runner:
 
     @with_keywords(RunnerSpec)
     def __init__(self, **options: Unpack[RunnerOptions]) -> None:
-        spec = RunnerSpec.of(options, "Runner")
+        spec = RunnerSpec.of(options, "Runner").checked()
         name = spec.name
-        check_name(name, "runner")
-        if "." in name:
-            raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
         self._name = name
-        self._grace = check_grace(spec.grace)
-        self._stop_signal = check_signal(spec.stop_signal)
+        self._grace = spec.grace
+        self._stop_signal = spec.stop_signal
         handle_signals = spec.handle_signals
-        if handle_signals not in (None, True, False):
-            raise TypeError("handle_signals must be None, True or False")
         routes = routes_of(spec.handlers)
         monitor = spec.monitor
         self._monitor: Monitor | None = None
@@ -310,7 +305,8 @@ class Runner:
         """
         opts = ProcessOptions.of(options, "Runner.start")
         self.token.check("Runner.start")
-        return await self._children.start(argv, opts, what="Runner.start")
+        self._check_open()
+        return await self._children.start(opts.checked(argv))
 
     @with_keywords(ProcessOptions)
     async def run(
@@ -344,10 +340,9 @@ class Runner:
                 raise ValueError("stdin and input cannot both be given")
             stdin = PIPE
         self.token.check("Runner.run")
+        self._check_open()
         # Built on start() as anyio.run_process is on open_process: feed, drain, wait.
-        proc = await self._children.start(
-            argv, opts.replace(check=False, stdin=stdin), what="Runner.run"
-        )
+        proc = await self._children.start(opts.replace(check=False, stdin=stdin).checked(argv))
         out: list[bytes] = []
         err: list[bytes] = []
         try:

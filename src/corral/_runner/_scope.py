@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +25,7 @@ from anyio.abc import TaskGroup
 
 from .._core import _signals
 from .._core._spawn import Spawner
+from .._core._stop import Census, Grace, stop_strays
 from .._core._supervisor import ProcessServices
 from .._core._token import LoopToken
 from .._core._usage import Sampled, UsageSampler
@@ -63,7 +62,7 @@ class Scope:
         live: Callable[[], Sequence[Sampled]],
         usage: bool = True,
         contain: tuple[bool, bool] = (True, False),
-        stop: tuple[int, float] = (signal.SIGTERM, 5.0),
+        stop: tuple[int, float],
     ) -> None:
         self._name = name
         self._live = live
@@ -92,6 +91,8 @@ class Scope:
         self._contain = _contain.Containment(
             name, cgroup=contain[0], subreaper=contain[1], marker=lifeline.marker
         )
+        #: The grace of the strays' stop, once it began (a second signal ends it).
+        self._strays_grace: Grace | None = None
 
     def _live_count(self) -> int:
         return len(self._live())
@@ -134,6 +135,7 @@ class Scope:
             lifeline_remove=self._lifeline.remove,
             signals=self.signals,
             open_streams=set(),
+            census=Census(),
             usage=self.usage,
         )
         # Each service must run, or the exit waits for it forever (the
@@ -325,10 +327,13 @@ class Scope:
                 f"stopping {len(strays)} process(es) that the children left outside their "
                 f"process groups: {_contain.describe(strays)}",
             )
-            grace = 0.0 if self._aborted else self._grace
-            failure = await _in_thread(contain.stop, self._stop_signal, grace)
-            if failure is not None:
-                self._hub.log(logging.WARNING, f"cannot stop them all: {failure}")
+            grace = self._strays_grace = Grace(0.0 if self._aborted else self._grace)
+            if not await stop_strays(contain, self._stop_signal, grace):
+                self._hub.log(
+                    logging.WARNING,
+                    f"cannot stop them all: some did not die within {_contain.KILL_WAIT:g} s "
+                    "of SIGKILL",
+                )
         self._close_containment()
 
     def _close_containment(self) -> None:
@@ -377,7 +382,8 @@ class Scope:
     def _abort(self) -> None:
         """On the loop, after a second signal: stop waiting for anything but the reaping."""
         self._aborted = True
-        self._contain.abort()
+        if self._strays_grace is not None:
+            self._strays_grace.shorten(0)
         self.aborted.set()
         if self.tg is not None:
             self.tg.cancel_scope.cancel()
@@ -388,38 +394,6 @@ class Scope:
         if self.tg is not None and not self.tg.cancel_scope.cancel_called:
             self._hub.log(logging.INFO, "the host event loop is ending: stopping every child")
             self.tg.cancel_scope.cancel()
-
-
-async def _in_thread(
-    fn: Callable[[int, float], None], signum: int, grace: float
-) -> Exception | None:
-    """``fn(signum, grace)`` in a worker thread, waited for to its end whatever cancels us.
-
-    Shielded waits do not hold back asyncio's native cancellation: if one
-    comes, the thread goes on, and its end is an ordinary descriptor to wait
-    on, a wait that can be restarted.  Returns the exception ``fn`` raised.
-    """
-    done_r, done_w = os.pipe2(os.O_CLOEXEC)
-    failure: list[Exception] = []
-
-    def body() -> None:
-        try:
-            fn(signum, grace)
-        except Exception as exc:
-            failure.append(exc)
-        finally:
-            os.write(done_w, b"x")
-
-    try:
-        try:
-            await anyio.to_thread.run_sync(body, abandon_on_cancel=True)
-        except anyio.get_cancelled_exc_class():
-            await _backend.outlast_native_cancel(lambda: anyio.wait_readable(done_r))
-            raise
-    finally:
-        os.close(done_w)
-        os.close(done_r)
-    return failure[0] if failure else None
 
 
 #: The units of the package whose code runs on a runner's loop: the floors below the blocking

@@ -109,11 +109,11 @@ class SyncProcess:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return code
 
-    def stop(self, grace: float | None = None) -> int:
-        """Stop the child as :meth:`Process.stop` does (stop signal, grace, SIGKILL); its code."""
+    def stop(self, grace: float | None = None, *, signal: int | None = None) -> int:
+        """Stop the child as :meth:`Process.stop` does (``signal``, grace, SIGKILL); its code."""
         self._portal.note_grace(grace)
         process = self._process
-        return self._portal.call("Process.stop", lambda r: process.stop(grace))
+        return self._portal.call("Process.stop", lambda r: process.stop(grace, signal=signal))
 
     def terminate(self) -> None:
         """Send SIGTERM to the child's process group, at once (not a failure)."""

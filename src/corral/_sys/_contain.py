@@ -19,10 +19,12 @@ two mechanisms find it again:
 :meth:`Containment.strays` lists what is left: the live members of its
 cgroup, and, as a subreaper, the orphans it adopted that came from its
 children (members of its cgroup, or carrying its marker in their
-environment; an application's own children are neither).  :meth:`Containment.stop`
-stops them as children are stopped: the stop signal, the grace period, then
-SIGKILL (``cgroup.kill``), and it reaps the orphans.  Every process is
-signalled and reaped through a pidfd, so a pid that was reused is never hit.
+environment; an application's own children are neither).  They are stopped
+as children are, by the one stop of :mod:`corral._core._stop`: the stop
+signal, the grace period, then SIGKILL (``cgroup.kill``); the orphans are
+reaped.  The steps it takes of them are here (:meth:`Containment.hold`,
+``send``, ``kill``, ``reap``): every process is signalled and reaped through
+a pidfd, so a pid that was reused is never hit.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import ctypes
 import os
 import select
 import signal
-import time
 from collections.abc import Iterable
 from typing import Final
 
@@ -188,8 +189,6 @@ class Containment:
         #: Why there is no cgroup, when one was wanted.
         self.unavailable: str | None = None
         self._held = False
-        self._aborted = False
-        self._abort_fd: int | None = None
 
     def open(self) -> None:
         """Make the cgroup (if possible) and become a subreaper (if asked); raises nothing else."""
@@ -230,53 +229,10 @@ class Containment:
             found += [pid for pid in children() if pid not in seen and self._ours(pid)]
         return found
 
-    # -- stopping it ------------------------------------------------------------------------
+    # -- stopping it (the stop itself is corral._core._stop's, for strays as for children) ---
 
-    def abort(self) -> None:
-        """End a :meth:`stop`'s grace period now (from any thread)."""
-        self._aborted = True
-        fd = self._abort_fd
-        if fd is not None:
-            try:
-                os.eventfd_write(fd, 1)
-            except OSError:
-                pass  # closed meanwhile: the stop is over
-
-    def stop(self, signum: int, grace: float) -> None:
-        """Stop every stray: ``signum``, up to ``grace`` seconds, SIGKILL; reap the orphans.
-
-        Blocks (the cgroup's kill waits for an RCU grace period): call it from
-        a worker thread.  Strays that appear meanwhile (orphans handed over as
-        their parents die) are killed too; the whole is bounded by ``grace``
-        plus :data:`KILL_WAIT`.
-        """
-        self._abort_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        held: dict[int, int] = {}  # pid -> pidfd
-        try:
-            self._gather(held)
-            if grace > 0 and signum != signal.SIGKILL and not self._aborted:
-                for pidfd in held.values():
-                    _send(pidfd, signum)
-                self._wait(held, time.monotonic() + grace, abortable=True)
-            deadline = time.monotonic() + KILL_WAIT
-            while time.monotonic() < deadline:
-                if self.cgroup is not None and self.cgroup.populated():
-                    self.cgroup.kill()
-                self._gather(held)
-                if not held:
-                    break
-                for pidfd in held.values():
-                    _send(pidfd, signal.SIGKILL)
-                self._wait(held, deadline, abortable=False)
-                self._reap(held)
-        finally:
-            for pidfd in held.values():
-                os.close(pidfd)
-            fd, self._abort_fd = self._abort_fd, None
-            os.close(fd)
-
-    def _gather(self, held: dict[int, int]) -> None:
-        """Hold a pidfd on every stray not held yet (checked a stray once held)."""
+    def hold(self, held: dict[int, int]) -> None:
+        """Hold a pidfd on every stray not held yet, in ``held`` (pid -> pidfd)."""
         for pid in self.strays():
             if pid in held:
                 continue
@@ -289,32 +245,35 @@ class Containment:
             else:
                 os.close(pidfd)  # the pid was reused: not ours
 
-    def _wait(self, held: dict[int, int], deadline: float, *, abortable: bool) -> None:
-        """Until every held process has exited, the deadline, or (``abortable``) an abort."""
-        poller = select.poll()
-        waiting = set(held.values())
-        for pidfd in waiting:
-            poller.register(pidfd, select.POLLIN)
-        if abortable and self._abort_fd is not None:
-            poller.register(self._abort_fd, select.POLLIN)
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            for fd, _events in poller.poll(left * 1000):
-                if fd == self._abort_fd:
-                    return
-                waiting.discard(fd)
-                poller.unregister(fd)
+    @staticmethod
+    def send(held: dict[int, int], signum: int) -> None:
+        """``signum`` to every held stray, through its pidfd."""
+        for pidfd in held.values():
+            _send(pidfd, signum)
 
-    def _reap(self, held: dict[int, int]) -> None:
+    def kill(self, held: dict[int, int]) -> None:
+        """SIGKILL to every stray: the cgroup's kill, and each held one.
+
+        Blocks (the cgroup's kill waits for an RCU grace period): call it from
+        a worker thread.
+        """
+        if self.cgroup is not None and self.cgroup.populated():
+            self.cgroup.kill()
+        self.hold(held)
+        for pidfd in held.values():
+            _send(pidfd, signal.SIGKILL)
+
+    @staticmethod
+    def reap(held: dict[int, int]) -> None:
         """Reap (if it is a child of ours) and let go of every held process that has exited."""
         for pid, pidfd in list(held.items()):
             try:
                 exited = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 # Not a child of ours: exited once its pidfd is readable.
-                if not select.select([pidfd], [], [], 0)[0]:
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                if not poller.poll(0):
                     continue
             else:
                 if exited is None or exited.si_pid == 0:

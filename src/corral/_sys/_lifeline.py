@@ -139,10 +139,10 @@ class Lifeline:
             pid = _platform.spawn(
                 [sys.executable, "-I", "-S", HELPER],
                 env=env,
-                cwd="/",
                 stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                popen=_platform.PopenArgs(cwd="/"),
             )
         except BaseException:
             ours.close()

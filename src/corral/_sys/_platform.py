@@ -25,22 +25,28 @@ scan) and nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import resource
+import select
 import shlex
 import shutil
 import signal
 import subprocess
 from collections.abc import Collection, Mapping, Sequence
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, Final
 
 from .._errors import CorralError
-from . import _cgroup, _childenv
+from . import _cgroup
 
 __all__ = [
     "FD_PER_CHILD",
+    "PopenArgs",
+    "StrOrPath",
     "StatusLost",
+    "ended",
     "exit_status",
     "has_exited",
     "fd_limits",
@@ -143,29 +149,64 @@ def _runnable_elf(head: bytes) -> bool:
     return _elf_kind(head) == _native_elf
 
 
+StrOrPath = str | os.PathLike[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PopenArgs:
+    """The options of a child's spawn that :class:`subprocess.Popen` takes, as Popen names them.
+
+    One record carries them from the keywords of :meth:`Runner.start` to the
+    one ``Popen`` call in :func:`spawn`: the start options
+    (:class:`corral._core._options.ProcessOptions`) are these fields and
+    corral's own, :meth:`~corral._core._options.ProcessOptions.checked` checks
+    them all at once and keeps this part as a record of its own, the spawner
+    hands that record here, and :func:`spawn` passes every field to ``Popen``
+    under its own name.  The walk of ``cwd``: ``r.start(argv, cwd="/srv")``
+    makes a ``ProcessOptions`` whose ``cwd`` is ``"/srv"`` (defaults come
+    from the fields below), ``checked()`` makes sure it is a path and keeps
+    ``PopenArgs(cwd="/srv", ...)`` in the start's record, every spawn of the
+    child (restarts too) gives that record to :func:`spawn`, which gives
+    ``cwd="/srv"`` to ``Popen``.  So a new Popen-style option is one field
+    here (its type and its default; :class:`~corral.StartOptions`, the typed
+    keywords, lists it too, and a test keeps the two in step) and its check
+    in ``checked()``.
+    """
+
+    cwd: StrOrPath | None = None
+    pass_fds: Collection[int] = ()
+    start_new_session: bool = False
+    user: str | int | None = None
+    group: str | int | None = None
+    extra_groups: Collection[str | int] | None = None
+    umask: int = -1
+
+    def popen_keywords(self, **changes: Any) -> dict[str, Any]:
+        """Every field of this record (of :class:`PopenArgs`'s), as ``Popen``'s keywords."""
+        keywords = {f.name: getattr(self, f.name) for f in dataclasses.fields(PopenArgs)}
+        keywords.update(changes)
+        return keywords
+
+
 def spawn(
     argv: Sequence[str | bytes | os.PathLike[str] | os.PathLike[bytes]],
     *,
     env: Mapping[bytes, bytes],
-    cwd: str | os.PathLike[str] | None,
     stdin: int,
     stdout: int,
     stderr: int,
     handshake: int | None = None,
-    pass_fds: Collection[int] = (),
-    start_new_session: bool = False,
-    user: str | int | None = None,
-    group: str | int | None = None,
-    extra_groups: Collection[str | int] | None = None,
-    umask: int = -1,
+    popen: PopenArgs = PopenArgs(),
     cgroup: str | None = None,
 ) -> int:
     """Start ``argv`` as the leader of a new process group and return its pid.
 
     ``stdin``, ``stdout`` and ``stderr`` are descriptors of ours that the
     child gets as 0, 1 and 2 (or :data:`subprocess.DEVNULL`); ``handshake``,
-    if given, becomes its descriptor 3.  Nothing else the launcher has open leaks into the child
-    (``close_fds``), except ``pass_fds``.  Errors that :mod:`subprocess`
+    if given, becomes its descriptor 3.  Nothing else the launcher has open
+    leaks into the child (``close_fds``), except ``popen.pass_fds``; the rest
+    of ``popen`` (checked already: see :class:`PopenArgs`) goes to
+    :class:`subprocess.Popen` as it is.  Errors that :mod:`subprocess`
     reports as exceptions (no such program, no such directory, not
     executable) are raised here, with nothing left running.
 
@@ -183,17 +224,13 @@ def spawn(
     if not argv:
         raise ValueError("argv must name a program")
     args = list(argv)
-    passed = set(pass_fds)
+    passed = set(popen.pass_fds)
+    cwd = popen.cwd
     steps: list[str] = []
-    as_other = user is not None or group is not None or extra_groups is not None
+    as_other = popen.user is not None or popen.group is not None or popen.extra_groups is not None
     if cgroup is not None and not as_other and os.access(cgroup, os.W_OK, effective_ids=True):
         # (A launcher that gave up the right to write there, by seteuid, starts it outside.)
         steps.append(_cgroup.self_move(cgroup))
-    if handshake is not None and _childenv.HANDSHAKE_FD in passed:
-        raise ValueError(
-            f"pass_fds may not contain {_childenv.HANDSHAKE_FD} with wait_started=True: "
-            "the child receives the start-up handshake pipe there"
-        )
     if steps or handshake is not None:
         program = os.fsdecode(args[0])
         cwd_text = os.fsdecode(cwd) if cwd is not None else None
@@ -221,28 +258,22 @@ def spawn(
             args = ["/bin/bash", "-p", "-c", " && ".join(steps), name, *args]
         if handshake is not None:
             stdin = handshake
-    popen = subprocess.Popen(
+    child = subprocess.Popen(
         args,
         stdin=stdin,
         stdout=stdout,
         stderr=stderr,
         env=env,
-        cwd=cwd,
         close_fds=True,
-        pass_fds=tuple(sorted(passed)),
-        user=user,
-        group=group,
-        extra_groups=extra_groups,
-        umask=umask,
-        start_new_session=start_new_session,
         # A new session makes the child the leader of a new group already.
-        process_group=None if start_new_session else 0,
+        process_group=None if popen.start_new_session else 0,
+        **popen.popen_keywords(pass_fds=tuple(sorted(passed))),
     )
     # From here on the child is ours: the runner waits for it on a pidfd and
     # reaps it itself.  Mark the Popen object finished so that it never calls
     # waitpid on the child (its __del__ would, via subprocess._cleanup).
-    popen.returncode = 0
-    pid: int = popen.pid
+    child.returncode = 0
+    pid: int = child.pid
     if cgroup is not None and as_other:
         try:
             _cgroup.move(cgroup, pid)
@@ -333,6 +364,13 @@ def has_exited(pidfd: int) -> bool:
     except ChildProcessError:
         return True
     return result is not None and result.si_pid != 0
+
+
+def ended(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has ended: a child of ours or not, reaped or not."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def describe_status(returncode: int) -> str:
