@@ -94,6 +94,7 @@ def test_ranks_limit_the_console_not_the_files(
     assert [line for line in lines + errors if not PREFIXED.fullmatch(line)] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "option", "split"),
     [("up", [], False), ("up", ["--split-stderr"], True), ("run", ["--merge-stderr"], False)],
@@ -118,6 +119,7 @@ def test_where_the_stderr_lines_go(
     assert messages(errors, source) == (["err here"] if split else [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["", "a", "1,x", "-1", "1.5"])
 def test_bad_ranks_are_a_usage_error(tmp_path: Path, value: str) -> None:
     for option in ("--ranks", "--local-ranks-filter"):
@@ -127,6 +129,7 @@ def test_bad_ranks_are_a_usage_error(tmp_path: Path, value: str) -> None:
         assert len(out.stderr.strip().splitlines()) <= 3  # usage, hint, error
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ranks_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str) -> None:
     """Global ranks count across hosts; torchrun's filter takes local ranks, on each host."""
@@ -146,6 +149,7 @@ def test_ranks_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag:
         }, out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_console_label_hides_and_renames_only_on_that_console(tmp_path: Path) -> None:
     """The library's side of it: ``ConsoleHandler(label=...)``; other handlers get everything."""
@@ -182,6 +186,7 @@ TALK_AND_FAIL = (
 )
 
 
+@pytest.mark.slow
 def test_a_failure_is_said_on_stderr_whatever_stdout_is(tmp_path: Path, tag: str) -> None:
     """``> train.log 2> err.log``: stderr keeps the worker's stderr lines, then who failed, how.
 
@@ -210,6 +215,7 @@ def test_a_failure_is_said_on_stderr_whatever_stdout_is(tmp_path: Path, tag: str
     assert not any("trouble" in line or "last stderr lines" in line for line in logged), logged
 
 
+@pytest.mark.slow
 def test_up_says_its_failure_on_stderr(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text("web: exec sleep 30\nbad: echo 'no database' >&2; exit 4\n")
     out = corral("up", cwd=tmp_path, tag=tag)
@@ -235,6 +241,7 @@ def _ready(term: Terminal, count: int) -> bool:
     return bytes(term.raw).count(b"| ready ") == count and len(term.table()) == count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "up"])
 def test_ctrl_c_says_once_what_it_stops_and_keeps_the_tracebacks_off_the_console(
     tmp_path: Path, tag: str, command: str
@@ -282,6 +289,7 @@ def test_ctrl_c_says_once_what_it_stops_and_keeps_the_tracebacks_off_the_console
         assert text.rstrip().endswith("KeyboardInterrupt"), text
 
 
+@pytest.mark.slow
 def test_ctrl_c_the_table_shows_each_stopping_then_one_kill_message_each(
     tmp_path: Path, tag: str
 ) -> None:
@@ -405,6 +413,7 @@ def _check_the_end(lines: list[str]) -> None:
     assert not any(HEADER.fullmatch(line) for line in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("cols", "rows"), [(60, 20), (80, 24), (120, 30)])
 def test_forty_workers_with_a_bar_each_at_several_sizes(
@@ -631,6 +640,7 @@ class ReplayTerminal(Terminal):
         return history + [line.rstrip() for line in screen.display]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("before", "after"), [((120, 30), (60, 24)), ((60, 24), (120, 30))], ids=["narrower", "wider"]
@@ -750,6 +760,7 @@ def test_pinned_lines_redrawn_from_the_top_row_leave_nothing_in_a_history_kept_o
     assert [line for line in history + shown if line] == ["line 9", "line 19", "line 29"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_rapid_resizes_leave_no_stale_lines(tmp_path: Path, tag: str) -> None:
     """Eight resizes while six ranks redraw their bars: on a terminal that rewraps (replayed
@@ -799,6 +810,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
     tmp_path: Path, tag: str
 ) -> None:
@@ -829,6 +841,7 @@ def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
     )
 
 
+@pytest.mark.slow
 def test_the_summary_tells_the_failure_from_the_workers_stopped_for_it(
     tmp_path: Path, tag: str
 ) -> None:
@@ -853,6 +866,7 @@ def test_the_summary_tells_the_failure_from_the_workers_stopped_for_it(
     ], lines[header:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ctrl_c_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str) -> None:
     """Remote workers too: one line says what stops, no traceback reaches the console."""
@@ -886,6 +900,7 @@ sys.stderr.write("\\n"); sys.stderr.flush()
 """
 
 
+@pytest.mark.slow
 def test_a_bar_logged_already_stays_on_the_terminal_as_a_line(
     anyio_backend: str, tmp_path: Path, tag: str
 ) -> None:

@@ -161,6 +161,7 @@ def command(path: str, tmp_path: Path, *extra: str) -> list[str]:
     return corral_argv("up", *extra)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pty", "pipe"])
 @pytest.mark.parametrize("path", ["runner", "run", "up"])
 def test_no_escape_reaches_the_output(path: str, kind: str, tmp_path: Path, tag: str) -> None:
@@ -172,6 +173,7 @@ def test_no_escape_reaches_the_output(path: str, kind: str, tmp_path: Path, tag:
     check(bytes(out.data))
 
 
+@pytest.mark.slow
 def test_raw_lets_every_sequence_through(tmp_path: Path, tag: str) -> None:
     out = Output(command("run", tmp_path, "--raw"), "pipe", tmp_path, environ(tag))
     try:
@@ -181,6 +183,7 @@ def test_raw_lets_every_sequence_through(tmp_path: Path, tag: str) -> None:
     check(bytes(out.data), raw=True)
 
 
+@pytest.mark.slow
 def test_no_escape_reaches_corral_tail(tmp_path: Path, tag: str) -> None:
     """Three tails of one runner: on a pty, on a pipe, and with --raw."""
     script = tmp_path / "hostile.sh"

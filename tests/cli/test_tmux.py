@@ -51,6 +51,7 @@ def _frames(tmux: Tmux) -> int:
     return tmux.raw.count(b"\r")  # every frame has some, at any width
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resizes", [[], RESIZES], ids=["still", "resized"])
 def test_tmux_keeps_no_copy_of_the_live_block_in_its_history(
     tmp_path: Path, tag: str, resizes: list[tuple[int, int]]

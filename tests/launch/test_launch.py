@@ -408,6 +408,7 @@ async def test_local_unrebuildable_exception_is_worker_failed(tag: str) -> None:
     assert_remote_traceback(exc.remote_traceback, "Unrebuildable: x failed 2 times")
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_local_unrebuildable_exception_has_remote_traceback_as_cause(tag: str) -> None:
@@ -424,6 +425,7 @@ async def test_local_unrebuildable_exception_has_remote_traceback_as_cause(tag: 
     assert "Unrebuildable: x failed 2 times" in exception_text(caught.value.__cause__)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
@@ -534,6 +536,7 @@ def kill_launcher_midrun(tag: str, hosts: list[str] | None, ssh: dict[str, Any] 
         assert left == [], f"workers {left} outlived their SIGKILLed launcher by 2 s"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_local_launcher_sigkilled_leaves_no_worker(tag: str) -> None:
     kill_launcher_midrun(tag, None, None)
@@ -682,6 +685,7 @@ async def test_unpicklable_argument_is_named() -> None:
 # -- two hosts over ssh --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_two_hosts_results_environment_and_logs(
@@ -752,6 +756,7 @@ async def test_two_hosts_results_environment_and_logs(
         assert any("started worker-0" in m for m in logs.by_source(f"two.agent-{i}"))
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_remote_workers_figures_come_over_the_link(
@@ -803,6 +808,7 @@ async def test_remote_workers_figures_come_over_the_link(
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_two_hosts_remote_raise_propagates(ssh_hosts: _hosts.SshHosts, tag: str) -> None:
@@ -830,6 +836,7 @@ async def test_two_hosts_remote_raise_propagates(ssh_hosts: _hosts.SshHosts, tag
     assert logs.by_source("rr.agent-1.worker-1", "logging") == ["last record of rank 3"]
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("anyio_backend", "how"), [("asyncio", "exit"), ("trio", "signal")])
@@ -867,6 +874,7 @@ def burst(records: int) -> int:
     return rank
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_two_hosts_log_burst_loses_nothing(ssh_hosts: _hosts.SshHosts, tag: str) -> None:
     """4 workers x (5,000 records + 5,000 lines) across two hosts: every one, in order."""
@@ -892,6 +900,7 @@ def test_two_hosts_log_burst_loses_nothing(ssh_hosts: _hosts.SshHosts, tag: str)
         assert logs.by_source(source, "stdout") == [f"line {rank} {k}" for k in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_remote_nothing_lost_before_os_exit(ssh_hosts: _hosts.SshHosts, tag: str) -> None:
@@ -911,6 +920,7 @@ async def test_remote_nothing_lost_before_os_exit(ssh_hosts: _hosts.SshHosts, ta
     assert logs.by_source(source, "stdout") == [f"line 0 {i}" for i in range(n)]
 
 
+@pytest.mark.slow
 @BOTH_LOOPS
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
@@ -936,6 +946,7 @@ async def test_two_hosts_cancel_reaps_every_worker(ssh_hosts: _hosts.SshHosts, t
         assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_two_hosts_launcher_sigkilled_leaves_no_worker(
     ssh_hosts: _hosts.SshHosts, tag: str
@@ -948,6 +959,7 @@ def test_two_hosts_launcher_sigkilled_leaves_no_worker(
     kill_launcher_midrun(tag, ssh_hosts.addresses, ssh)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
@@ -1007,6 +1019,7 @@ def up_with_pid() -> None:
     time.sleep(1000)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_two_hosts_log_level_keeps_lower_records_on_the_host(
     ssh_hosts: _hosts.SshHosts, tag: str, tmp_path: Path
@@ -1041,6 +1054,7 @@ def test_two_hosts_log_level_keeps_lower_records_on_the_host(
         assert "started worker-0" in agent_file.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("anyio_backend", ["trio"])
@@ -1130,6 +1144,7 @@ UNKNOWN = r"Could not resolve hostname no-such-host\.invalid"
 NO_PYTHON = r"/nonexistent/python3: No such file or directory"
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
@@ -1185,6 +1200,7 @@ exec {python} "$@"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_one_host_failing_among_good_ones_fails_promptly(
     ssh_hosts: _hosts.SshHosts, tmp_path: Path
@@ -1284,6 +1300,7 @@ def slurm_result(out: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return said(out.stdout, "RESULTS")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_slurm(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
     out = run_slurm(slurm_cluster, slurm_launcher("whoami", tag))
@@ -1311,6 +1328,7 @@ def test_slurm(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
         assert f"sl.agent-{i}.worker-{j} | app: hello from rank {rank}" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_slurm_workers_from_gpus_on_node(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
     """No SLURM_NTASKS_PER_NODE: SLURM_GPUS_ON_NODE says how many workers per node."""
@@ -1321,6 +1339,7 @@ def test_slurm_workers_from_gpus_on_node(slurm_cluster: _hosts.SlurmCluster, tag
     assert {v["LOCAL_WORLD_SIZE"] for v in result["values"]} == {"3"}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_slurm_raise_propagates(slurm_cluster: _hosts.SlurmCluster, tag: str) -> None:
     out = run_slurm(slurm_cluster, slurm_launcher("fail_on_rank_3", tag))
@@ -1417,6 +1436,7 @@ async def test_local_large_result_is_unpickled_off_the_loop() -> None:
     assert unpickled_in is not threading.current_thread()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_launcher_killed_mid_launch_leaves_no_error_file_folder(
     tmp_path: Path, tag: str, backend: str

@@ -166,6 +166,7 @@ def hosts_clean(
 # -- 1. the link has a deadline -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @OTHER_LOOP
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
@@ -341,6 +342,7 @@ def stubborn_cfg(ssh_hosts: _hosts.SshHosts, tag: str, backend: str, **more: Any
     return cfg
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_ctrl_c_during_a_partition_exits_within_grace(
@@ -389,6 +391,7 @@ anyio.run(main, backend=cfg["backend"])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_launcher_that_was_stopped_says_so_instead_of_blaming_a_host(
     ssh_hosts: _hosts.SshHosts, tag: str
@@ -439,6 +442,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_slurm_node_gone_silent_fails_the_launch_and_leaves_nothing(
     slurm_cluster: _hosts.SlurmCluster, tag: str
@@ -496,6 +500,7 @@ def _status_kib(field: str) -> int:
     raise AssertionError(f"no {field} in /proc/self/status")
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(120)
 async def test_big_results_over_slow_links_outlast_the_link_timeout(
@@ -607,6 +612,7 @@ os.execv({python!r}, [{python!r}, *sys.argv[1:]])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 async def test_strangers_on_the_launch_listener_cost_no_memory(
@@ -677,6 +683,7 @@ os.execv({python!r}, [{python!r}, *sys.argv[1:]])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 async def test_silent_strangers_wait_for_their_hello_at_most_64_at_a_time(
@@ -730,6 +737,7 @@ async def test_a_frame_over_the_link_limit_loses_the_link_before_its_payload() -
         assert link._decoder.buffered == 0
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_link_ended_with_bytes_unread_on_its_side_loses_none_it_sent() -> None:
@@ -771,6 +779,7 @@ async def test_a_link_ended_with_bytes_unread_on_its_side_loses_none_it_sent() -
         assert got == sent
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_side_stopped_while_its_heartbeat_waited_to_be_sent_says_so() -> None:
@@ -801,6 +810,7 @@ async def test_a_side_stopped_while_its_heartbeat_waited_to_be_sent_says_so() ->
     assert "because this launcher was not running for at least" in link.lost, link.lost
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_the_agents_usage_reports_survive_a_late_tick(tag: str) -> None:
@@ -864,6 +874,7 @@ async def launch_error(
     raise AssertionError("launch succeeded on a host that cannot start an agent")
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_host_that_accepts_and_never_speaks_is_launch_error(tag: str) -> None:
@@ -921,6 +932,7 @@ sys.stdin.buffer.read()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("how", ["silent", "half-hello", "hello-only", "cable-pulled"])
@@ -960,6 +972,7 @@ async def test_an_agent_that_stalls_mid_start_is_launch_error(
 # -- 4. stops reach every host, at any moment -----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_ctrl_c_waits_for_remote_workers_that_ignore_sigterm(
@@ -1008,6 +1021,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_ctrl_c_sends_sigint_to_remote_workers_and_a_second_ends_their_grace(
@@ -1034,6 +1048,7 @@ def test_ctrl_c_sends_sigint_to_remote_workers_and_a_second_ends_their_grace(
 MOMENTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("moment", "backend"),

@@ -107,6 +107,7 @@ PIECES = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(PIECES, max_size=40).map("".join))
 def test_nothing_forbidden_gets_through_whatever_the_input(text: str) -> None:
@@ -125,6 +126,7 @@ TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), ma
 SGR = st.builds("\x1b[{}m".format, st.lists(st.integers(0, 255).map(str), max_size=4).map(";".join))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(TEXT, SGR, st.just("\t")), max_size=12), st.lists(TEXT, max_size=3))
 def test_text_and_colours_survive_and_so_does_the_newest_frame(

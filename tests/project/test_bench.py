@@ -76,6 +76,7 @@ def test_the_benchmarks_are_found() -> None:
     assert {p.name for p in SCRIPTS} >= {"spawn.py", "logs.py", "latency.py"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_bench_runs_at_a_tiny_size(script: Path, tag: str) -> None:
     # The ``tag`` fixture marks every process the script starts and fails the test
@@ -89,6 +90,7 @@ def test_every_bench_runs_at_a_tiny_size(script: Path, tag: str) -> None:
     assert "Traceback (most recent call last)" not in result.stderr, described
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["signals.py", "cli.py"])
 def test_a_bench_that_sends_sigint_works_from_a_shell_that_ignores_it(name: str, tag: str) -> None:
     # Its launchers would inherit SIGINT ignored, and corral leaves an ignored signal

@@ -134,6 +134,7 @@ backend, tag = sys.argv[1], sys.argv[2]
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_launch_from_a_plain_script(script: Callable[..., Script], backend: str, tag: str) -> None:
     s = script(
@@ -174,6 +175,7 @@ except KeyboardInterrupt:
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ctrl_c_in_a_script_stops_every_worker_within_grace(
     script: Callable[..., Script], backend: str, tag: str
@@ -215,6 +217,7 @@ except KeyboardInterrupt:
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where", ["call", "body"])
 def test_ctrl_c_in_a_blocking_runner_stops_every_child_within_grace(
@@ -257,6 +260,7 @@ except KeyboardInterrupt:
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_ctrl_c_the_kernel_gives_to_the_loop_thread_still_interrupts_a_call(
     script: Callable[..., Script], backend: str, tag: str, tmp_path: Path
