@@ -94,7 +94,7 @@ class Runner:
             from .._monitor._clients import MonitorSink
             from .._monitor._server import Monitor
 
-            self._monitor = Monitor(monitor, name)
+            self._monitor = Monitor(monitor, name, spec.monitor_origins)
             routes.append(Route(MonitorSink(self._monitor)))
         self._hub = LogHub(
             name,
@@ -582,6 +582,10 @@ def open_runner(**options: Unpack[RunnerOptions]) -> Runner:
             free port.  An address that cannot be had (a port in use, an
             address this machine does not have) makes entering raise an
             :exc:`OSError` that names it and the reason, within 10 seconds.
+        monitor_origins: the origins (``"https://HOST[:PORT]"``) of pages
+            that may connect to the monitor besides its own: a reverse
+            proxy's, which serves the page at its own address (see
+            :ref:`monitor-proxy`).  Nothing else widens who may connect.
         contain: start the children in a cgroup of the runner's own where one
             can be made, so that what leaves their process groups (a ``setsid``
             daemon) is stopped with them (see :doc:`howto/containment`).
