@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, release, tagged_pids, wait_gone
+from tests.helpers.tmux import ScrollOnClearScreen
 
 from corral import open_runner
 from corral._cli import _group, _procfile, _tail
@@ -171,7 +172,11 @@ class Streaming:
 
 
 class Terminal:
-    """A command on a pseudo-terminal of ``cols`` x ``rows``, its output replayed into pyte."""
+    """A command on a pseudo-terminal of ``cols`` x ``rows``, its output replayed into pyte.
+
+    pyte taught tmux's ``scroll-on-clear`` (on by default there): an erase of
+    the whole screen moves it into the history, where a test sees it.
+    """
 
     def __init__(
         self, argv: list[str], *, cwd: Path, env: dict[str, str], cols: int = 120, rows: int = 30
@@ -190,7 +195,7 @@ class Terminal:
             )
         finally:
             os.close(slave)
-        self.screen = pyte.HistoryScreen(cols, rows, history=10_000)
+        self.screen = ScrollOnClearScreen(cols, rows, history=10_000)
         self.stream = pyte.ByteStream(self.screen)
         self.raw = bytearray()
         self.eof = False
