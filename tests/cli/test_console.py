@@ -892,21 +892,19 @@ def test_ctrl_c_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag
 
 #: A bar drawn once, in its final state, and ended a moment later: its state was
 #: logged to files at once (the first frame is), and the terminal must still keep it.
-ONE_FRAME_BAR = """
-import sys, time
-sys.stderr.write("\\rcopied 100%"); sys.stderr.flush()
-time.sleep(0.3)  # the end of the line comes in a read of its own
-sys.stderr.write("\\n"); sys.stderr.flush()
-"""
-
-
 @pytest.mark.slow
 def test_a_bar_logged_already_stays_on_the_terminal_as_a_line(
     anyio_backend: str, tmp_path: Path, tag: str
 ) -> None:
     from tests.logs.test_progress import _run_on_terminal, _screen
+    from tests.programs import program
 
-    bar = [("bar", [PY, "-c", ONE_FRAME_BAR])]
-    raw = _run_on_terminal(tmp_path, anyio_backend, bar, colour=False, tag=tag)
+    raw = _run_on_terminal(
+        tmp_path,
+        anyio_backend,
+        [("bar", program("raw_output", "one-frame-bar"))],
+        colour=False,
+        tag=tag,
+    )
     shown = [row for row in _screen(raw) if row]
     assert len(shown) == 1 and re.fullmatch(r"\d\d:\d\d:\d\d corral\.bar \| copied 100%", shown[0])
