@@ -154,6 +154,20 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         return (yield)
 
 
+# -- the fast tier: ``-m "not slow"`` ---------------------------------------------------------
+
+#: Fixtures whose tests are slow whatever they do: real hosts and clusters to set up and reach.
+SLOW_FIXTURES = frozenset({"ssh_hosts", "slurm_cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a slow fixture (sshd hosts in namespaces, a Slurm cluster) is ``slow``:
+    ``-m "not slow"`` (CONTRIBUTING.md, "The fast tier") leaves it out."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 # In CI: no per-example deadlines (a loaded machine is not a failing test), and
 # the same examples every run, so that a failure can be reproduced.
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)

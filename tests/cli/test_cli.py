@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, release, tagged_pids, wait_gone
+from tests.helpers.tmux import ScrollOnClearScreen
 
 from corral import open_runner
 from corral._cli import _group, _procfile, _tail
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["tests.helpers.hosts"]
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)  # 15 s was seen under a load of 15
 
 #: ``HH:MM:SS source | message``: a line as the command shows it, prefix on; a worker's
 #: source comes after its global rank (``[2] agent-1.worker-0``).
@@ -171,7 +172,11 @@ class Streaming:
 
 
 class Terminal:
-    """A command on a pseudo-terminal of ``cols`` x ``rows``, its output replayed into pyte."""
+    """A command on a pseudo-terminal of ``cols`` x ``rows``, its output replayed into pyte.
+
+    pyte taught tmux's ``scroll-on-clear`` (on by default there): an erase of
+    the whole screen moves it into the history, where a test sees it.
+    """
 
     def __init__(
         self, argv: list[str], *, cwd: Path, env: dict[str, str], cols: int = 120, rows: int = 30
@@ -190,7 +195,7 @@ class Terminal:
             )
         finally:
             os.close(slave)
-        self.screen = pyte.HistoryScreen(cols, rows, history=10_000)
+        self.screen = ScrollOnClearScreen(cols, rows, history=10_000)
         self.stream = pyte.ByteStream(self.screen)
         self.raw = bytearray()
         self.eof = False
@@ -273,6 +278,7 @@ def every_line_whole(lines: Sequence[str], allowed: re.Pattern[str]) -> list[str
 # -- help, version, usage errors ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -341,6 +347,7 @@ def test_version(tmp_path: Path, flag: str) -> None:
     assert out.stdout == f"corral {importlib.metadata.version('corral')}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -377,6 +384,7 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[str]) 
     assert not (tmp_path / "started").exists()
 
 
+@pytest.mark.slow
 def test_an_unreadable_ssh_identity_is_a_clear_one_line_error(tmp_path: Path) -> None:
     """A bad --ssh-identity is a bad argument: named in one line, exit 2, nothing started."""
     missing = tmp_path / "no-such-key"
@@ -387,6 +395,7 @@ def test_an_unreadable_ssh_identity_is_a_clear_one_line_error(tmp_path: Path) ->
     assert out.returncode == 2, out.stderr
 
 
+@pytest.mark.slow
 def test_hosts_slurm_outside_an_allocation_is_a_one_line_error(tmp_path: Path) -> None:
     env = {k: v for k, v in environ().items() if not k.startswith("SLURM_")}
     out = corral("run", "--hosts", "slurm", "--", "true", cwd=tmp_path, env=env)
@@ -396,6 +405,7 @@ def test_hosts_slurm_outside_an_allocation_is_a_one_line_error(tmp_path: Path) -
     assert out.returncode == 2, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("program", "code", "reason"),
     [
@@ -419,6 +429,7 @@ BAD_BINARY = b"\x7fELF\x02\x01\x01" + bytes(9) + b"not really an ELF file"
 MARKING = b"web: touch started; exec sleep 30\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("files", "args", "code", "says"),
     [
@@ -579,6 +590,8 @@ def _one_line(error: click.ClickException) -> str:
     return message
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # 300 examples; over 30 s under a load of 15 (its worker timed out)
 @settings(max_examples=300, deadline=None)
 @given(_file(_PROCFILE_LINES))
 def test_fuzz_procfile_parsing(data: bytes) -> None:
@@ -596,6 +609,8 @@ def test_fuzz_procfile_parsing(data: bytes) -> None:
         assert len(f"{name}.{_group.MAX_COPIES}") <= 100
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # 300 examples, each a corral process
 @settings(max_examples=300, deadline=None)
 @given(_file(_ENV_LINES))
 def test_fuzz_env_file_parsing(data: bytes) -> None:
@@ -610,6 +625,7 @@ def test_fuzz_env_file_parsing(data: bytes) -> None:
         assert len(f"{key}={value}".encode()) < _procfile.MAX_VARIABLE
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(_NAMES, _ARGUMENTS))
 def test_fuzz_run_names(name: str) -> None:
@@ -625,6 +641,7 @@ def test_fuzz_run_names(name: str) -> None:
         open_runner(name=name)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.one_of(st.text(max_size=60), st.from_regex(r"(ws|http)s?://[^/]*/\?token=.*")),
@@ -637,6 +654,7 @@ def test_fuzz_tail_urls(url: str, source: str) -> None:
         _one_line(error)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @settings(
     max_examples=15,
@@ -740,6 +758,7 @@ def test_run_log_dir_and_name(tmp_path: Path, tag: str) -> None:
 # -- corral run: exit codes and restarts ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "code", "failed"),
     [
@@ -772,6 +791,7 @@ def test_run_exit_code_is_the_first_failures(
         ]
 
 
+@pytest.mark.slow
 def test_run_restart_on_failure_restarts_the_whole_group(tmp_path: Path, tag: str) -> None:
     """Rank 1 fails on its first run while rank 0 is still up: both are started again."""
     script = (
@@ -807,6 +827,7 @@ def test_run_restart_on_failure_restarts_the_whole_group(tmp_path: Path, tag: st
     assert "exited with code 7" in restarting[0]
 
 
+@pytest.mark.slow
 def test_run_max_restarts_spent_exits_with_the_code(tmp_path: Path, tag: str) -> None:
     # Neither rank fails before both have said their try: a rank that failed first would have
     # the other stopped for the restart, maybe before it echoed.  Rank 1 tells rank 0 through
@@ -875,6 +896,7 @@ def test_ctrl_c_stops_every_worker_and_their_children(
         running.close()
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_restart_backoff(tmp_path: Path, tag: str) -> None:
     argv = corral_argv("run", "-n", "2", "--restart", "on-failure", "--", *sh("exit 3"))
     running = Streaming(argv, cwd=tmp_path, env=environ(tag))
@@ -1001,6 +1023,7 @@ def test_a_closed_stdout_stops_quiet_workers_too(tmp_path: Path, tag: str) -> No
     assert wait_gone(pids, 5) == []
 
 
+@pytest.mark.slow
 def test_stdout_on_a_full_disk_stops_everything_with_one_line(tmp_path: Path, tag: str) -> None:
     """``corral run ... > /dev/full``: as ``echo hi > /dev/full``, one line and exit code 1."""
     script = 'echo "first $RANK"; exec sleep 60'
@@ -1021,6 +1044,7 @@ def test_stdout_on_a_full_disk_stops_everything_with_one_line(tmp_path: Path, ta
     assert time.monotonic() - started < 5  # the workers were stopped, not waited for
 
 
+@pytest.mark.slow
 def test_tail_into_a_closed_pipe_ends_with_141(tmp_path: Path, tag: str) -> None:
     """``corral tail URL | head -1`` ends too, and leaves the run it watched alone."""
     argv = corral_argv("run", "--monitor", "127.0.0.1:0", "--", *sh(CHATTY))
@@ -1142,6 +1166,7 @@ def test_terminal_screen_colours_prefixes_and_status_table(tmp_path: Path, tag: 
     assert len(term.screen.history.top) > 0  # it did scroll
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", ["--no-color", "--no-status"])
 def test_terminal_no_color_and_no_status(tmp_path: Path, tag: str, option: str) -> None:
     """The workers run for 1.2 s: long enough for two redraws of a status table."""
@@ -1168,6 +1193,7 @@ def test_terminal_no_color_and_no_status(tmp_path: Path, tag: str, option: str) 
         assert SGR.search(term.raw) is not None  # still coloured
 
 
+@pytest.mark.slow
 def test_terminal_status_table_shows_the_last_exit_after_a_group_restart(
     tmp_path: Path, tag: str
 ) -> None:
@@ -1206,6 +1232,7 @@ BUSY_OR_IDLE = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", [None, "--no-usage"])
 def test_terminal_status_table_shows_cpu_and_memory(
     tmp_path: Path, tag: str, option: str | None
@@ -1252,6 +1279,7 @@ def test_terminal_status_table_shows_cpu_and_memory(
         term.close()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_status_table_columns_of_what_each_process_costs(anyio_backend: str) -> None:
@@ -1291,6 +1319,7 @@ async def test_status_table_columns_of_what_each_process_costs(anyio_backend: st
     assert narrow[0].split() == ["name", "state", "cpu", "mem", "last", "exit"], narrow
 
 
+@pytest.mark.slow
 def test_terminal_status_table_taller_than_the_terminal(tmp_path: Path, tag: str) -> None:
     """12 workers on a 10-row terminal: the table must not leave copies in the scrollback."""
     count = 12
@@ -1328,6 +1357,7 @@ echo "worker $PORT $GREETING"; exit 3
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("port_args", "base"),
     [([], 6000), (["-p", "7000"], 6000)],
@@ -1351,6 +1381,7 @@ def test_up_env_port_and_concurrency(
     assert out.stderr == "corral: worker.1 exited with code 3 (it wrote nothing to stderr)\n"
 
 
+@pytest.mark.slow
 def test_up_env_file_option(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text('web: echo "$A $B"\n')
     (tmp_path / ".env").write_text("A=from-default-env\n")
@@ -1361,6 +1392,7 @@ def test_up_env_file_option(tmp_path: Path, tag: str) -> None:
     assert messages(shown(out), "web.1") == ["one two"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("line", "code"),
     [("exit 0", 0), ("exit 5", 5), ("kill -KILL $$", 137)],
@@ -1378,6 +1410,7 @@ def test_up_the_first_exit_stops_the_rest_with_its_code(
     assert any("once.1 exited with code" in m for m in messages(shown(out), "system")), out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_path", [False, True])
 def test_up_runs_only_the_named_processes(tmp_path: Path, tag: str, with_path: bool) -> None:
     text = "web: echo web up\nclock: touch clock-started; exec sleep 30\nworker: echo worker\n"
@@ -1395,6 +1428,7 @@ def test_up_runs_only_the_named_processes(tmp_path: Path, tag: str, with_path: b
     assert not (tmp_path / "clock-started").exists()
 
 
+@pytest.mark.slow
 def test_up_unknown_name_is_an_error_and_starts_nothing(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text("web: touch started; exec sleep 30\n")
     out = corral("up", "web", "nope", cwd=tmp_path, tag=tag)
@@ -1403,12 +1437,14 @@ def test_up_unknown_name_is_an_error_and_starts_nothing(tmp_path: Path, tag: str
     assert not (tmp_path / "started").exists()
 
 
+@pytest.mark.slow
 def test_up_missing_procfile(tmp_path: Path) -> None:
     out = corral("up", cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr == "corral: error: cannot read Procfile: No such file or directory\n"
 
 
+@pytest.mark.slow
 def test_up_procfile_syntax_error_names_the_line_and_starts_nothing(
     tmp_path: Path, tag: str
 ) -> None:
@@ -1424,6 +1460,7 @@ def test_up_procfile_syntax_error_names_the_line_and_starts_nothing(
     assert not (tmp_path / "started").exists()
 
 
+@pytest.mark.slow
 def test_up_with_every_process_at_zero_copies_ends(tmp_path: Path, tag: str) -> None:
     """-c web=0 for the only process: nothing to run is no reason to wait forever."""
     (tmp_path / "Procfile").write_text("web: touch started\n")
@@ -1443,6 +1480,7 @@ def ssh_args(hosts: _hosts.SshHosts) -> list[str]:
     return args + [f"--ssh-option={option}" for option in hosts.ssh_options]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fail", [False, True], ids=["ok", "rank-3-exits-6"])
 def test_run_on_two_ssh_hosts(
@@ -1502,6 +1540,7 @@ def test_run_on_two_ssh_hosts(
         assert own == [], out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_run_on_an_unreachable_host_says_why(ssh_hosts: _hosts.SshHosts, tmp_path: Path) -> None:
     out = corral(
@@ -1522,6 +1561,7 @@ def test_run_on_an_unreachable_host_says_why(ssh_hosts: _hosts.SshHosts, tmp_pat
     assert ssh_hosts.unreachable_address in last or "ssh" in last, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_run_link_timeout_reaches_the_launch(
     ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str
@@ -1577,6 +1617,7 @@ def run_in_salloc(
 SLURM_SCRIPT = 'echo "hello $RANK $LOCAL_RANK $GROUP_RANK $WORLD_SIZE $SLURMD_NODENAME"'
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_run_hosts_slurm(slurm_cluster: _hosts.SlurmCluster, tmp_path: Path, tag: str) -> None:
     out = run_in_salloc(
@@ -1599,6 +1640,7 @@ def test_run_hosts_slurm(slurm_cluster: _hosts.SlurmCluster, tmp_path: Path, tag
     assert out.returncode == 5, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_run_hosts_slurm_takes_the_workers_per_node_from_the_allocation(
     slurm_cluster: _hosts.SlurmCluster, tmp_path: Path, tag: str

@@ -33,6 +33,7 @@ def _argv(command: str, tmp_path: Path, *more: str) -> list[str]:
     return corral_argv("up", "--grace", "0.2", *more)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "up"])
 def test_ctrl_c_stops_what_left_the_process_groups(tmp_path: Path, tag: str, command: str) -> None:
     running = Streaming(_argv(command, tmp_path), cwd=tmp_path, env=environ(tag))
@@ -48,6 +49,7 @@ def test_ctrl_c_stops_what_left_the_process_groups(tmp_path: Path, tag: str, com
         running.close()
 
 
+@pytest.mark.slow
 def test_no_contain_leaves_what_left_the_process_groups(tmp_path: Path, tag: str) -> None:
     """``--no-contain``: the process groups are stopped, a daemon is not (as documented)."""
     running = Streaming(_argv("up", tmp_path, "--no-contain"), cwd=tmp_path, env=environ(tag))
@@ -82,6 +84,7 @@ def test_a_second_ctrl_c_ends_the_grace_of_what_is_left(tmp_path: Path, tag: str
         running.close()
 
 
+@pytest.mark.slow
 def test_without_a_cgroup_the_subreaper_stops_even_a_daemon_without_a_mark(
     tmp_path: Path, tag: str
 ) -> None:

@@ -45,6 +45,7 @@ from tests.cli.test_cli import (
 )
 from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, ListHandler
+from tests.helpers.tmux import ScrollOnClearScreen
 
 import corral as corral_lib
 
@@ -93,6 +94,7 @@ def test_ranks_limit_the_console_not_the_files(
     assert [line for line in lines + errors if not PREFIXED.fullmatch(line)] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "option", "split"),
     [("up", [], False), ("up", ["--split-stderr"], True), ("run", ["--merge-stderr"], False)],
@@ -117,6 +119,7 @@ def test_where_the_stderr_lines_go(
     assert messages(errors, source) == (["err here"] if split else [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["", "a", "1,x", "-1", "1.5"])
 def test_bad_ranks_are_a_usage_error(tmp_path: Path, value: str) -> None:
     for option in ("--ranks", "--local-ranks-filter"):
@@ -126,6 +129,7 @@ def test_bad_ranks_are_a_usage_error(tmp_path: Path, value: str) -> None:
         assert len(out.stderr.strip().splitlines()) <= 3  # usage, hint, error
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ranks_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str) -> None:
     """Global ranks count across hosts; torchrun's filter takes local ranks, on each host."""
@@ -145,6 +149,7 @@ def test_ranks_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag:
         }, out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_console_label_hides_and_renames_only_on_that_console(tmp_path: Path) -> None:
     """The library's side of it: ``ConsoleHandler(label=...)``; other handlers get everything."""
@@ -181,6 +186,7 @@ TALK_AND_FAIL = (
 )
 
 
+@pytest.mark.slow
 def test_a_failure_is_said_on_stderr_whatever_stdout_is(tmp_path: Path, tag: str) -> None:
     """``> train.log 2> err.log``: stderr keeps the worker's stderr lines, then who failed, how.
 
@@ -209,6 +215,7 @@ def test_a_failure_is_said_on_stderr_whatever_stdout_is(tmp_path: Path, tag: str
     assert not any("trouble" in line or "last stderr lines" in line for line in logged), logged
 
 
+@pytest.mark.slow
 def test_up_says_its_failure_on_stderr(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text("web: exec sleep 30\nbad: echo 'no database' >&2; exit 4\n")
     out = corral("up", cwd=tmp_path, tag=tag)
@@ -234,6 +241,7 @@ def _ready(term: Terminal, count: int) -> bool:
     return bytes(term.raw).count(b"| ready ") == count and len(term.table()) == count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "up"])
 def test_ctrl_c_says_once_what_it_stops_and_keeps_the_tracebacks_off_the_console(
     tmp_path: Path, tag: str, command: str
@@ -281,6 +289,7 @@ def test_ctrl_c_says_once_what_it_stops_and_keeps_the_tracebacks_off_the_console
         assert text.rstrip().endswith("KeyboardInterrupt"), text
 
 
+@pytest.mark.slow
 def test_ctrl_c_the_table_shows_each_stopping_then_one_kill_message_each(
     tmp_path: Path, tag: str
 ) -> None:
@@ -404,6 +413,7 @@ def _check_the_end(lines: list[str]) -> None:
     assert not any(HEADER.fullmatch(line) for line in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("cols", "rows"), [(60, 20), (80, 24), (120, 30)])
 def test_forty_workers_with_a_bar_each_at_several_sizes(
@@ -427,7 +437,8 @@ class Reflowing:
     """A terminal that rewraps its lines when it is resized (VTE, iTerm2, kitty, tmux do).
 
     It understands what the console writes: text, CR, LF, cursor up (CSI A),
-    to a column (CSI G), erase in line (CSI K), erase below (CSI J), autowrap
+    to a column (CSI G), erase in line (CSI K), erase below (CSI J), delete
+    lines (CSI M), autowrap
     off and on (CSI ?7l, CSI ?7h: off, a line is cut at the right edge); other
     sequences are ignored.  Rows that scroll off the top go to the
     scrollback, which the cursor cannot reach.  A resize rewraps every line,
@@ -515,6 +526,14 @@ class Reflowing:
             del self.buffer[self.y + 1 :]
             del self.wrapped[self.y + 1 :]
             self.wrapped[self.y] = False
+        elif final == "M":  # delete lines: those below move up; to the left margin
+            end = self.y + (number or 1)
+            del self.buffer[self.y : end]
+            del self.wrapped[self.y : end]
+            if self.y == len(self.buffer):
+                self.buffer.append([])
+                self.wrapped.append(False)
+            self.x = 0
 
     def logical(self) -> tuple[list[list[str]], int, int]:
         """The lines as written (wrapped rows joined); the cursor's line and offset in it."""
@@ -606,7 +625,7 @@ class ReplayTerminal(Terminal):
 
     def replay_pyte(self) -> list[str]:
         cols, rows = self.size
-        screen = pyte.HistoryScreen(cols, rows, history=10_000)
+        screen = ScrollOnClearScreen(cols, rows, history=10_000)
         stream = pyte.ByteStream(screen)
         done = 0
         for offset, cols, rows in self.resizes:
@@ -621,6 +640,7 @@ class ReplayTerminal(Terminal):
         return history + [line.rstrip() for line in screen.display]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("before", "after"), [((120, 30), (60, 24)), ((60, 24), (120, 30))], ids=["narrower", "wider"]
@@ -706,6 +726,41 @@ def test_a_frame_made_for_a_wider_terminal_is_still_cleared() -> None:
     assert [line for line in screen.lines() if line] == ["line 0", "line 1", "line 2"]
 
 
+def test_pinned_lines_redrawn_from_the_top_row_leave_nothing_in_a_history_kept_on_clear() -> None:
+    """tmux keeps its whole screen in its history when a program erases it from the top-left
+    cell (``scroll-on-clear``, its default): pinned lines drawn on a cleared screen and drawn
+    again and again, with and without lines above them, must leave nothing of theirs there."""
+    from corral._logs._console import ConsoleHandler
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    stream = open(slave, "w", encoding="utf-8", closefd=True)  # noqa: SIM115
+    screen = ScrollOnClearScreen(80, 24, history=1000)
+    feed = pyte.ByteStream(screen)
+
+    def arrived() -> None:
+        while select.select([master], [], [], 0)[0]:
+            feed.feed(os.read(master, 65536))
+
+    try:
+        console = ConsoleHandler(stream, colour=False)
+        for frame in range(30):
+            console.set_footer([f"table {frame}".encode(), b"row a", b"row b"])
+            arrived()
+            if frame % 10 == 9:
+                console.say(f"line {frame}", stream)
+                arrived()
+        console.close()
+        arrived()
+    finally:
+        stream.close()
+        os.close(master)
+    history = ["".join(line[x].data for x in range(80)).rstrip() for line in screen.history.top]
+    shown = [line.rstrip() for line in screen.display]
+    assert [line for line in history + shown if line] == ["line 9", "line 19", "line 29"]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_rapid_resizes_leave_no_stale_lines(tmp_path: Path, tag: str) -> None:
     """Eight resizes while six ranks redraw their bars: on a terminal that rewraps (replayed
@@ -755,6 +810,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
     tmp_path: Path, tag: str
 ) -> None:
@@ -785,6 +841,7 @@ def test_only_keyboard_interrupt_tracebacks_are_held_back_and_only_so_much(
     )
 
 
+@pytest.mark.slow
 def test_the_summary_tells_the_failure_from_the_workers_stopped_for_it(
     tmp_path: Path, tag: str
 ) -> None:
@@ -809,6 +866,7 @@ def test_the_summary_tells_the_failure_from_the_workers_stopped_for_it(
     ], lines[header:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ctrl_c_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str) -> None:
     """Remote workers too: one line says what stops, no traceback reaches the console."""
@@ -834,19 +892,19 @@ def test_ctrl_c_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag
 
 #: A bar drawn once, in its final state, and ended a moment later: its state was
 #: logged to files at once (the first frame is), and the terminal must still keep it.
-ONE_FRAME_BAR = """
-import sys, time
-sys.stderr.write("\\rcopied 100%"); sys.stderr.flush()
-time.sleep(0.3)  # the end of the line comes in a read of its own
-sys.stderr.write("\\n"); sys.stderr.flush()
-"""
-
-
+@pytest.mark.slow
 def test_a_bar_logged_already_stays_on_the_terminal_as_a_line(
     anyio_backend: str, tmp_path: Path, tag: str
 ) -> None:
     from tests.logs.test_progress import _run_on_terminal, _screen
+    from tests.programs import program
 
-    raw = _run_on_terminal(tmp_path, anyio_backend, [("bar", ONE_FRAME_BAR)], colour=False, tag=tag)
+    raw = _run_on_terminal(
+        tmp_path,
+        anyio_backend,
+        [("bar", program("raw_output", "one-frame-bar"))],
+        colour=False,
+        tag=tag,
+    )
     shown = [row for row in _screen(raw) if row]
     assert len(shown) == 1 and re.fullmatch(r"\d\d:\d\d:\d\d corral\.bar \| copied 100%", shown[0])

@@ -34,6 +34,7 @@ PY = sys.executable
 # -- corral up: honcho's lines ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_up_says_started_and_stopped_as_honcho_with_aligned_names(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text(
         "web: echo from web; touch up; exec sleep 30\n"
@@ -127,6 +128,7 @@ def test_check_of_a_bad_procfile_is_one_line_and_exit_2(
 SHOW_ENV = "import json, os; print(json.dumps(dict(os.environ))); raise SystemExit(3)"
 
 
+@pytest.mark.slow
 def test_exec_runs_one_command_with_the_env_files_and_nothing_else(
     tmp_path: Path, tag: str
 ) -> None:

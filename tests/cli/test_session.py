@@ -127,6 +127,7 @@ def test_nohup_and_a_background_job_start_with_signals_ignored(tmp_path: Path, t
     assert out.stdout == "[('SIGHUP', 'ignored'), ('SIGINT', 'ignored'), ('SIGQUIT', 'ignored')]\n"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_hung_session_ended_by_pytest_timeout_leaves_nothing_behind(
     tmp_path: Path, tag: str

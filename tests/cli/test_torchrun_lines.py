@@ -135,6 +135,7 @@ print("to stderr", os.environ["RANK"], file=sys.stderr)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 9], ids=["standalone", "rdzv-endpoint"])
 def test_two_pasted_lines_run(tmp_path: Path, tag: str, index: int) -> None:
     _, line, taken = LINES[index]
@@ -204,6 +205,7 @@ def test_nnodes_matching_the_hosts_is_taken() -> None:
 BOTH = 'echo "out $LOCAL_RANK"; echo "err $LOCAL_RANK" >&2'
 
 
+@pytest.mark.slow
 def test_redirects_keep_streams_off_the_console_and_in_the_files(tmp_path: Path, tag: str) -> None:
     """``-r 0:1,1:2``: rank 0's stdout and rank 1's stderr go to the files alone."""
     logs = tmp_path / "logs"
@@ -221,6 +223,7 @@ def test_redirects_keep_streams_off_the_console_and_in_the_files(tmp_path: Path,
         assert f"out {rank}" in text and f"err {rank}" in text, text
 
 
+@pytest.mark.slow
 def test_tee_without_a_log_dir_writes_to_a_new_folder_and_says_where(
     tmp_path: Path, tag: str
 ) -> None:

@@ -166,6 +166,7 @@ def up(
     return seen, shown(out)
 
 
+@pytest.mark.slow
 def test_up_process_names_in_ps_honcho_and_corral_variables(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text(f"web: {DUMP}\nworker: {DUMP}\n")
     (tmp_path / ".env").write_text("WAIT=5\nPS=from-env\nHONCHO_PROCESS_NAME=from-env\n")
@@ -183,6 +184,7 @@ def test_up_process_names_in_ps_honcho_and_corral_variables(tmp_path: Path, tag:
     }
 
 
+@pytest.mark.slow
 def test_up_name_with_a_leading_dash(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text(f"web: {DUMP}\nworker: {DUMP}\n-dash: {DUMP}\n")
     (tmp_path / ".env").write_text("WAIT=4\n")
@@ -201,6 +203,7 @@ def test_up_name_with_a_leading_dash(tmp_path: Path, tag: str) -> None:
     assert {name: env["PORT"] for name, env in seen.items()} == {"-dash.1": "5000"}
 
 
+@pytest.mark.slow
 def test_up_env_values_reach_the_processes_as_read(tmp_path: Path, tag: str) -> None:
     cases = [c for c in ENV_CASES if "\n" not in c[0].rstrip("\n") and "export" not in c[0]]
     text = "\n".join(line for line, _ in cases)
@@ -216,6 +219,7 @@ def test_up_env_values_reach_the_processes_as_read(tmp_path: Path, tag: str) -> 
     assert env["EXPORTED"] == "shell"
 
 
+@pytest.mark.slow
 def test_up_export_line_is_skipped_and_said(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text(f"web: {DUMP}\n")
     (tmp_path / ".env").write_text("WAIT=1\nexport EXPORTED=yes\n")
@@ -228,6 +232,7 @@ def test_up_export_line_is_skipped_and_said(tmp_path: Path, tag: str) -> None:
     ], lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", [["-e", "one.env,two.env"], ["-e", " one.env , two.env "]])
 def test_up_several_env_files_comma_separated(
     tmp_path: Path, tag: str, spelling: list[str]
@@ -241,6 +246,7 @@ def test_up_several_env_files_comma_separated(
     assert (env["A"], env["B"]) == ("one", "two")
 
 
+@pytest.mark.slow
 def test_up_missing_env_file_of_a_list_is_an_error(tmp_path: Path, tag: str) -> None:
     """honcho skips a missing file of ``-e`` silently; corral says which (and starts nothing)."""
     (tmp_path / "Procfile").write_text("web: touch started\n")
@@ -251,6 +257,7 @@ def test_up_missing_env_file_of_a_list_is_an_error(tmp_path: Path, tag: str) -> 
     assert not (tmp_path / "started").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dotenv", "shell", "args", "used"),
     [
@@ -278,6 +285,7 @@ def test_up_procfile_variable(
     assert list(seen) == [f"{used.replace('.', '-')}.1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dotenv", "shell", "args", "base"),
     [
@@ -306,6 +314,7 @@ def test_up_port_precedence_as_honcho(
         assert said == []
 
 
+@pytest.mark.slow
 def test_up_only_the_types_started_count_for_port(tmp_path: Path, tag: str) -> None:
     (tmp_path / "Procfile").write_text(f"web: {DUMP}\nworker: {DUMP}\n")
     (tmp_path / ".env").write_text("WAIT=1\n")
@@ -313,6 +322,7 @@ def test_up_only_the_types_started_count_for_port(tmp_path: Path, tag: str) -> N
     assert {name: env["PORT"] for name, env in seen.items()} == {"worker.1": "5000"}
 
 
+@pytest.mark.slow
 def test_up_concurrency_of_an_unknown_type_is_an_error(tmp_path: Path, tag: str) -> None:
     """honcho ignores ``-c nosuch=2``; corral says so and starts nothing."""
     (tmp_path / "Procfile").write_text("web: touch started\n")

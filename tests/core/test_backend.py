@@ -171,6 +171,7 @@ def test_start_surely_runs_tasks_cancelled_before_their_first_step(caller_too: b
     assert asyncio.run(main()) == ["a ran", "b ran", last]
 
 
+@pytest.mark.slow
 def test_interrupts_on_asyncio_main_task_are_bare_elsewhere_grouped(tmp_path: object) -> None:
     """The consequence of the check, end to end: SIGINT out of a runner in a side task."""
     code = (

@@ -83,6 +83,7 @@ async def _cancel_after(
                 await anyio.sleep_forever()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_cancel_anywhere_leaves_nothing_behind(backend: str, tmp_path: Path) -> None:
@@ -131,6 +132,7 @@ _STARTUP: dict[str, float] = {}
 START_CANCELS = ["already", "past", "spawn", "deadline", "task"]
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @settings(
     max_examples=25,
@@ -262,6 +264,7 @@ else:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("end", ["return", "interrupt"])

@@ -245,6 +245,7 @@ async def test_run_large_binary_roundtrip(tag: str) -> None:
     assert plain.stdout == data
 
 
+@pytest.mark.slow
 async def test_run_uncaptured_is_none_and_empty_is_empty_bytes(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
         for option in (LOG, DEVNULL, None):
@@ -256,6 +257,7 @@ async def test_run_uncaptured_is_none_and_empty_is_empty_bytes(tag: str) -> None
         assert (done.stdout, done.stderr) == (b"", b"")
 
 
+@pytest.mark.slow
 async def test_run_log_or_pipe(tag: str) -> None:
     logs = ListHandler()
     script = "import sys; print('a'); print('b'); print('c', file=sys.stderr)"
@@ -322,6 +324,7 @@ async def test_run_input_rejects_str(tag: str) -> None:
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 async def test_start_pipes_concurrent_feed_and_drain(tag: str) -> None:
     message = os.urandom(200_000)
     script = (
@@ -383,6 +386,7 @@ async def test_start_interactive_line_protocol(tag: str) -> None:
             assert await p.wait() == 0
 
 
+@pytest.mark.slow
 async def test_stderr_to_stdout(tag: str, capfd: pytest.CaptureFixture[str]) -> None:
     script = "import sys; print('out', flush=True); print('err', file=sys.stderr, flush=True)"
     logs = ListHandler()
@@ -436,6 +440,7 @@ async def test_stderr_to_stdout(tag: str, capfd: pytest.CaptureFixture[str]) -> 
             await r.run(["true"], stdout=STDOUT, extra_env=tagged(tag))
 
 
+@pytest.mark.slow
 async def test_output_flood_no_deadlock(tag: str) -> None:
     size = 10 * 1024 * 1024
     pattern = "bytes(range(256)) * (10 * 1024 * 1024 // 256)"
@@ -505,6 +510,7 @@ async def test_stdio_raw_fds(tag: str, tmp_path: Path) -> None:
     assert (tmp_path / "err").read_bytes() == b"to err\n"
 
 
+@pytest.mark.slow
 async def test_stdio_inherit_none(tag: str, capfd: pytest.CaptureFixture[str]) -> None:
     logs = ListHandler()
     script = "import sys; print('to out'); print('to err', file=sys.stderr)"
@@ -549,6 +555,7 @@ async def test_stdio_devnull(tag: str) -> None:
     assert logs.lines("corral.null") == []
 
 
+@pytest.mark.slow
 async def test_stdin_default(tag: str) -> None:
     script = (
         "import os, sys\n"
@@ -590,6 +597,7 @@ async def test_run_stdin_pipe_without_input(tag: str) -> None:
     assert done.stdout == b"pipe\nb''\n"
 
 
+@pytest.mark.slow
 async def test_pass_fds(tag: str) -> None:
     script = LIST_FDS + (
         "import sys\n"
@@ -697,6 +705,7 @@ async def test_extra_env_overlays(tag: str, monkeypatch: pytest.MonkeyPatch) -> 
     assert os.environ["CORRAL_COMPAT_REMOVE"] == "gone"
 
 
+@pytest.mark.slow
 async def test_cwd_path_and_str(tag: str, tmp_path: Path) -> None:
     prog = tmp_path / "prog"
     prog.write_text('#!/bin/sh\necho "$0"\npwd\n')
@@ -735,6 +744,7 @@ async def test_cwd_path_and_str(tag: str, tmp_path: Path) -> None:
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 async def test_start_new_session(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
         with beacon() as b:
@@ -769,6 +779,7 @@ async def test_start_new_session(tag: str) -> None:
                     assert group_members(q.pid) == []
 
 
+@pytest.mark.slow
 async def test_user_group_extra_groups_self(tag: str) -> None:
     uid, gid = os.getuid(), os.getgid()
     user_name = pwd.getpwuid(uid).pw_name
@@ -818,6 +829,7 @@ async def test_user_nobody_as_root(tag: str) -> None:
             assert await p.stop() == -signal.SIGTERM
 
 
+@pytest.mark.slow
 async def test_umask_applied(tag: str, tmp_path: Path) -> None:
     script = (
         "import os, sys\n"
@@ -864,6 +876,7 @@ def test_spawn_option_parity() -> None:
 TWO_STREAMS_EXIT_1 = "import sys; print('to out'); print('to err', file=sys.stderr); sys.exit(1)"
 
 
+@pytest.mark.slow
 async def test_nonzero_raises_process_failed(tag: str) -> None:
     argv = py(TWO_STREAMS_EXIT_1)
     async with corral.open_runner(console=False) as r:
@@ -932,6 +945,7 @@ async def test_signal_codes_are_negative(tag: str) -> None:
     assert p.returncode == -signal.SIGUSR1
 
 
+@pytest.mark.slow
 async def test_child_sigterm_handler_exit_code(tag: str) -> None:
     script = (
         "import signal, sys\n"
@@ -1005,6 +1019,7 @@ anyio.run(main, backend=sys.argv[1])
 """
 
 
+@pytest.mark.slow
 async def test_sigchld_ignored(tag: str, anyio_backend: str) -> None:
     # In a launcher of its own, so that this process's SIGCHLD stays as it is.
     async with corral.open_runner(console=False) as r:
@@ -1191,6 +1206,7 @@ async def test_cancelled_waiters_dont_break_wait(tag: str) -> None:
 # -- descriptor leaks -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_no_fd_leak_across_outcomes(tag: str, tmp_path: Path) -> None:
     not_executable = tmp_path / "not-executable"
     not_executable.write_text("#!/bin/sh\n")
@@ -1356,6 +1372,7 @@ async def test_repr_states(tag: str) -> None:
         assert repr(done) == "CompletedProcess(name='done', args=['true'], returncode=0)"
 
 
+@pytest.mark.slow
 async def test_signals_are_sync_and_reach_group(tag: str) -> None:
     async with corral.open_runner(console=False) as r:
         with beacon() as b:

@@ -62,6 +62,7 @@ INTERRUPTED_DATETIME = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_while_msgspec_takes_the_datetime_api_cannot_crash() -> None:
     out = subprocess.run(
         [PY, "-c", INTERRUPTED_DATETIME], capture_output=True, text=True, timeout=30
@@ -147,6 +148,7 @@ TRIALS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_ctrl_c_at_random_instants_of_the_first_runner_and_launch(tag: str, tmp_path: Path) -> None:
     """SIGINT at random instants of a fresh process's first runner and first launch."""

@@ -444,12 +444,14 @@ def _stops_server_and_children(serve: Serve, tag: str, kind: str, sig: int) -> N
 SERVERS = [UVICORN, HYPERCORN_CLI, HYPERCORN_SERVE_]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", SERVERS)
 def test_ctrl_c_stops_server_and_children(serve: Serve, tag: str, kind: str) -> None:
     _stops_server_and_children(serve, tag, kind, signal.SIGINT)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", SERVERS)
 def test_sigterm_stops_server_and_children(serve: Serve, tag: str, kind: str) -> None:
@@ -457,6 +459,7 @@ def test_sigterm_stops_server_and_children(serve: Serve, tag: str, kind: str) ->
 
 
 # Not under hypercorn's command line: its master reloads the workers on SIGHUP.
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", [UVICORN, HYPERCORN_SERVE_])
 def test_sighup_stops_server_and_children(serve: Serve, tag: str, kind: str) -> None:
@@ -464,6 +467,7 @@ def test_sighup_stops_server_and_children(serve: Serve, tag: str, kind: str) -> 
     _stops_server_and_children(serve, tag, kind, signal.SIGHUP)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_uvicorn_keeps_its_signal_handlers(serve: Serve, tag: str) -> None:
     server = serve(UVICORN)
@@ -475,6 +479,7 @@ def test_uvicorn_keeps_its_signal_handlers(serve: Serve, tag: str) -> None:
     assert wait_gone(tagged_pids(tag), 10.0) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_trio_run_keeps_its_sigint_handler(serve: Serve) -> None:
     server = serve(HYPERCORN_SERVE_)
@@ -487,6 +492,7 @@ def test_trio_run_keeps_its_sigint_handler(serve: Serve) -> None:
     # server; its lifeline kills the children.
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("gap", [0.1, 1.0])
 def test_uvicorn_force_quit_with_requests_waiting_in_run(
@@ -525,6 +531,7 @@ def test_uvicorn_force_quit_with_requests_waiting_in_run(
             connection.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_uvicorn_force_quit_while_requests_start_children(
@@ -574,6 +581,7 @@ def test_uvicorn_force_quit_while_requests_start_children(
 DOC_SERVERS = ["server-uvicorn", "server-hypercorn-quart"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("name", DOC_SERVERS)

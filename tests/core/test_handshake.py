@@ -20,6 +20,7 @@ pytestmark = pytest.mark.anyio
 PY = sys.executable
 
 
+@pytest.mark.slow
 async def test_python_child_reports_a_value_and_keeps_running(tag: str) -> None:
     code = "import corral.child, time\ncorral.child.started({'run_id': 'abc'})\ntime.sleep(1000)"
     async with corral.open_runner(console=False) as r:
@@ -56,6 +57,7 @@ async def test_closing_the_descriptor_reports_null(tag: str) -> None:
         await p.stop()
 
 
+@pytest.mark.slow
 async def test_value_written_in_many_small_pieces_arrives_whole(tag: str) -> None:
     code = (
         "import os, time, json\n"

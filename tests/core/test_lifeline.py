@@ -43,6 +43,7 @@ LAUNCHER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_children_and_grandchildren_die_with_a_sigkilled_launcher(backend: str, tag: str) -> None:
     script = LAUNCHER % {"tag_var": TAG_VAR}

@@ -85,6 +85,7 @@ NPROC_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.serial  # it counts the processes of user nobody, which other tests start too
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_the_process_limit_at_a_burst_of_starts_is_reported_clearly(backend: str, tag: str) -> None:
@@ -127,6 +128,7 @@ def test_a_full_file_table_is_reported_clearly() -> None:
     assert "has 7 children running" in str(error), error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_descriptor_limit_is_raised_then_reported_clearly(backend: str, tag: str) -> None:
     script = FD_SCRIPT % {"tag_var": TAG_VAR}
@@ -315,6 +317,7 @@ EXHAUSTED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_out_of_descriptors_every_child_is_still_supervised(backend: str, tag: str) -> None:

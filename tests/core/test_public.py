@@ -29,6 +29,7 @@ print("\\n".join(failures) or "ok")
 """
 
 
+@pytest.mark.slow
 def test_every_public_class_and_function_is_corral_s() -> None:
     # In a fresh interpreter: what a user's tracebacks and reprs show.
     done = subprocess.run(
@@ -37,6 +38,7 @@ def test_every_public_class_and_function_is_corral_s() -> None:
     assert done.stdout.strip() == "ok", done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_an_error_raised_inside_before_the_facade_names_it_says_corral() -> None:
     script = (
         "import anyio, corral\n"

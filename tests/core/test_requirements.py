@@ -80,6 +80,7 @@ WITHOUT_PIDFD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     platform.machine() not in ("x86_64", "aarch64"), reason="the filter knows these two"
 )

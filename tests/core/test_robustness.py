@@ -69,6 +69,7 @@ async def test_a_tail_nobody_reads_never_holds_up_a_stop(tag: str, how: str) -> 
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_an_unread_tail_slows_the_child_and_then_loses_nothing(tag: str) -> None:
     """Backpressure while it runs: read it late and every line is still there, in order."""
@@ -197,6 +198,7 @@ anyio.run(main, backend=sys.argv[1])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_host_that_reaps_every_child_does_not_hang_the_runner(backend: str) -> None:
     out = run_script(REAPING_HOST, backend)
@@ -252,6 +254,7 @@ print("exited", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("shape", ["return", "raise", "cancel", "interrupt"])
 def test_asyncio_run_ending_with_a_runner_open_stops_its_children(
@@ -301,6 +304,7 @@ print("outcomes", outcomes, "left", len(left))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_ctrl_c_at_any_point_of_entry_and_exit_is_safe(backend: str, tmp_path: Path) -> None:
@@ -378,6 +382,7 @@ anyio.run(main, backend=sys.argv[1])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_launcher_killed_during_a_burst_of_starts_leaves_no_child(backend: str, tag: str) -> None:
     for attempt in range(5):
@@ -485,6 +490,7 @@ anyio.run(main, backend=sys.argv[1])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_megabyte_lines_with_no_consumer_keep_memory_bounded(backend: str) -> None:
     out = run_script(BIG_LINES, backend, timeout=50)

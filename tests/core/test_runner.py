@@ -316,6 +316,7 @@ async def test_runner_cannot_be_entered_twice() -> None:
             pass
 
 
+@pytest.mark.slow
 async def test_stdout_flood_does_not_deadlock() -> None:
     logs = ListHandler()
     script = "import sys\nfor i in range(20000): sys.stdout.write(f'line {i}\\n')"

@@ -252,6 +252,7 @@ def test_the_fan_out_cases_hold_every_pair() -> None:
         assert pairs <= {(case[i], case[j]) for case in FAN_OUT}, (i, j)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("sig", "target", "layout", "backend"), FAN_OUT)
 def test_signal_fans_out_to_every_child_of_every_runner(
@@ -279,6 +280,7 @@ def test_signal_fans_out_to_every_child_of_every_runner(
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("sig", "target"), [(signal.SIGINT, "group"), (signal.SIGTERM, "pid")])
@@ -302,6 +304,7 @@ def test_children_that_ignore_the_signal_are_killed_at_the_deadline(
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_second_sigint_kills_everything_at_once(launch: Launch, tag: str, backend: str) -> None:
@@ -326,6 +329,7 @@ def test_second_sigint_kills_everything_at_once(launch: Launch, tag: str, backen
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_uncaught_interrupt_ends_the_launcher_like_ctrl_c(
@@ -342,6 +346,7 @@ def test_uncaught_interrupt_ends_the_launcher_like_ctrl_c(
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", ["nested", "siblings"])
@@ -366,6 +371,7 @@ def test_borrowed_sigterm_stops_the_children_then_ends_the_launcher(
     assert tagged_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_default_sigint_under_the_loop_still_raises_keyboard_interrupt(

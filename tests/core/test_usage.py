@@ -94,6 +94,7 @@ def cpu_seconds(usage: corral.ResourceUsage, at_most: float) -> float:
     return usage.cpu_percent / 100 * at_most
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_a_tree_counts_its_descendants_cpu_and_memory_and_an_idle_process_nothing(
     tmp_path: Path,

@@ -149,6 +149,7 @@ def distributed_training(output_dir: str, num_steps: int = 10) -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_readme_function_with_backend_gloo(tmp_path: Path, tag: str) -> None:
     """``Launcher(workers_per_host=2, backend="gloo").run(distributed_training, ...)``."""
@@ -193,6 +194,7 @@ def dist_func_and_its_timeout() -> tuple[Any, float, bool]:
     return dist_func(), backend.options._timeout.total_seconds(), dist.get_backend() == "gloo"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torchrunxs_own_function_with_backend_auto_and_a_timeout(tag: str) -> None:
     """``backend="auto"`` is Gloo without CUDA; ``worker_timeout=42`` is the group's."""
@@ -217,6 +219,7 @@ def all_reduce_without_a_group() -> None:
     dist.all_reduce(torch.zeros(1))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_no_process_group_the_error_names_backend(tag: str) -> None:
     """torch's "Default process group has not been initialized" says what fixes it."""
@@ -264,6 +267,7 @@ def gloo_all_reduce(seconds: int) -> float:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_process_group_in_the_function(tag: str) -> None:
     pytest.importorskip("torch")

@@ -56,6 +56,7 @@ def run(
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ssh_command_runs_inside_the_hosts_namespace(ssh_hosts: _hosts.SshHosts) -> None:
     """Over ssh, a command runs as root in the host's namespace, seeing its address only."""
@@ -79,6 +80,7 @@ def test_ssh_command_runs_inside_the_hosts_namespace(ssh_hosts: _hosts.SshHosts)
         assert (client, server, port) == (host.launcher_address, host.address, "22")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ssh_argv_keeps_the_remote_argv_intact(ssh_hosts: _hosts.SshHosts) -> None:
     """Words with spaces, quotes and shell syntax reach the remote program as they were."""
@@ -89,6 +91,7 @@ def test_ssh_argv_keeps_the_remote_argv_intact(ssh_hosts: _hosts.SshHosts) -> No
     assert json.loads(done.stdout) == words
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_host_reaches_its_launcher_address(ssh_hosts: _hosts.SshHosts) -> None:
     """A command on a host connects back to a listener on the host's ``launcher_address``."""
@@ -172,6 +175,7 @@ def test_killing_the_ssh_client_leaves_the_remote_command_running(
     assert wait_gone([remote_pid], 10) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_an_unreachable_host_fails_fast_with_ssh_s_message(ssh_hosts: _hosts.SshHosts) -> None:
     """ssh to an address no namespace has gives up after ConnectTimeout, saying why."""

@@ -154,6 +154,7 @@ def probe_both(tmp_path: Path, tag: str, **more: str) -> tuple[Any, Any, str, di
 # -- 1. the worker environment ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_worker_environment_is_torchruns(tmp_path: Path, tag: str) -> None:
     theirs, ours, stderr, shell = probe_both(tmp_path, tag)
@@ -188,6 +189,7 @@ def test_worker_environment_is_torchruns(tmp_path: Path, tag: str) -> None:
     ], stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("value", ["4", ""])
 def test_omp_num_threads_of_the_user_is_kept_without_a_notice(
@@ -203,6 +205,7 @@ def test_omp_num_threads_of_the_user_is_kept_without_a_notice(
         assert env["OMP_NUM_THREADS"] == value
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_one_worker_gets_no_omp_num_threads(tmp_path: Path, tag: str) -> None:
     """As torchrun: with one worker per host nothing is overloaded, nothing is set."""
@@ -213,6 +216,7 @@ def test_one_worker_gets_no_omp_num_threads(tmp_path: Path, tag: str) -> None:
     assert "OMP_NUM_THREADS" not in out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_record_error_reaches_the_failure_message(tmp_path: Path, tag: str) -> None:
     """torch's @record writes TORCHELASTIC_ERROR_FILE; corral's last line quotes it."""
@@ -274,6 +278,7 @@ async def test_error_files_are_in_a_private_folder_removed_after_the_launch(tag:
     assert not any(Path(p).parent.parent.exists() for p in paths), paths
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_restart_count_and_run_id_across_restarts(tmp_path: Path, tag: str) -> None:
     """``--max-restarts 1`` alone restarts; the workers see the count and one run id."""
@@ -352,6 +357,7 @@ def test_max_restarts_with_restart_never_is_a_usage_error(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "args",
@@ -373,6 +379,7 @@ def test_torchruns_spellings_of_n(tmp_path: Path, tag: str, args: list[str]) -> 
     assert out.stdout.splitlines() == ["3"] * 3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("word", ["auto", "cpu"])
 def test_n_auto_is_the_cpus_this_process_may_use(tmp_path: Path, tag: str, word: str) -> None:
@@ -401,6 +408,7 @@ def test_n_gpu_without_a_gpu_is_a_usage_error(capfd: pytest.CaptureFixture[str])
     assert "gpu: no CUDA device is visible here" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_log_dir_underscore_spelling(tmp_path: Path, tag: str) -> None:
     out = run(
@@ -447,6 +455,7 @@ def ssh_args(hosts: _hosts.SshHosts) -> list[str]:
     return args + [f"--ssh-option={option}" for option in hosts.ssh_options]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_env_flags_locally(tmp_path: Path, tag: str) -> None:
     (tmp_path / "vars.env").write_text("FROM_FILE=file\nFROM_FLAG=file-loses\n")
@@ -511,6 +520,7 @@ def test_env_flag_needs_a_name(capfd: pytest.CaptureFixture[str]) -> None:
     assert "is not NAME or NAME=VALUE" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_launching_shells_environment_reaches_every_ssh_host(
     ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag: str
@@ -546,6 +556,7 @@ def test_launching_shells_environment_reaches_every_ssh_host(
     assert len(homes) == 4 and str(tmp_path) not in homes, homes  # each host's own HOME
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 @OTHER_LOOP
@@ -583,6 +594,7 @@ async def test_library_forwarding_over_ssh(
         assert "DATASET_SIZE" not in env and env["GLOO_SOCKET_IFNAME"] == "lo"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_launching_shells_environment_reaches_every_slurm_rank(
     slurm_cluster: _hosts.SlurmCluster, tmp_path: Path, tag: str
@@ -651,6 +663,7 @@ async def test_library_sets_omp_num_threads_with_one_warning(
         assert seen == [f"omp {expected}"] * options["workers_per_host"], seen
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 async def test_error_file_on_a_remote_host_reaches_worker_failed(

@@ -115,6 +115,7 @@ def line_of(path: Path, text: str) -> int:
     return number
 
 
+@pytest.mark.slow
 def test_a_function_of_a_script_run_as_main_shows_its_lines(tmp_path: Path, tag: str) -> None:
     """And the script's own frames, down to the call, but none of corral's machinery."""
     script = path("train_fails")

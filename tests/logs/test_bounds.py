@@ -165,6 +165,7 @@ def stuck_clients(runner: Launcher, count: int) -> Iterator[list[socket.socket]]
     runner.command("clients", 0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_monitor_without_clients_keeps_megabyte_lines_bounded(
     tmp_path: Path, anyio_backend: str
@@ -180,6 +181,7 @@ def test_a_monitor_without_clients_keeps_megabyte_lines_bounded(
     assert grown < 40, f"the launcher grew by {grown:.0f} MiB"
 
 
+@pytest.mark.slow
 @BOTH_LOOPS
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("clients", [1, 200])
@@ -196,6 +198,7 @@ def test_stuck_monitor_clients_cost_bounded_memory(
     assert grown < 48, f"{clients} stuck clients: the launcher grew by {grown:.0f} MiB"
 
 
+@pytest.mark.slow
 @BOTH_LOOPS
 @pytest.mark.timeout(120)
 def test_two_hundred_stuck_clients_barely_slow_a_flood(tmp_path: Path, anyio_backend: str) -> None:
@@ -283,6 +286,7 @@ def _honest_monitor_client(url: str) -> dict[str, Any]:
         return message
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("anyio_backend", "where"),
@@ -361,6 +365,7 @@ async def test_the_backlogs_of_all_sources_keep_to_their_total() -> None:
     assert sum(kept) > BACKLOG_TOTAL_BYTES - 2 * BACKLOG_BYTES, kept
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_backlogs_of_many_children_cost_a_bounded_total(tmp_path: Path, anyio_backend: str) -> None:
     """100 children with two lines of 1 MiB each, no handler, no tail: bounded in total.
@@ -378,6 +383,7 @@ def test_backlogs_of_many_children_cost_a_bounded_total(tmp_path: Path, anyio_ba
     assert grown < 64, f"the launcher grew by {grown:.0f} MiB"
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["stdout", "logging"])
@@ -400,6 +406,7 @@ async def test_a_tail_that_is_not_read_holds_a_bounded_amount(kind: str) -> None
 # -- the monitor's other bounds --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @BOTH_LOOPS
 @pytest.mark.timeout(90)
 def test_the_monitor_refuses_clients_beyond_its_bound(tmp_path: Path, anyio_backend: str) -> None:

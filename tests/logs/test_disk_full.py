@@ -104,6 +104,7 @@ async def test_a_full_disk_suspends_the_files_counts_and_resumes(
     assert "Traceback" not in capfd.readouterr().err  # no destination broke
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("allow", [False, True], ids=["default", "allow-log-loss"])
 def test_corral_run_exits_1_when_log_lines_were_lost(
     small_disk: Path, allow: bool, tmp_path: Path, tag: str

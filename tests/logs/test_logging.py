@@ -60,6 +60,7 @@ async def test_records_are_written_before_wait_returns() -> None:
         assert logs.messages("corral.burst") == [str(i) for i in range(2000)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repeat", range(3))
 async def test_repeated_bursts_then_sigkill_lose_nothing(repeat: int) -> None:
     logs = ListHandler()
@@ -300,6 +301,7 @@ async def test_connect_is_a_no_op_outside_corral() -> None:
     assert out.stdout.strip() == b"None"
 
 
+@pytest.mark.slow
 async def test_logging_records_still_in_the_socket_at_exit_arrive_before_wait_returns() -> None:
     class SlowList(ListHandler):
         def emit(self, record: logging.LogRecord) -> None:

@@ -764,6 +764,7 @@ async def test_closed_before_the_hello(sent: str, tag: str) -> None:
 # -- backpressure -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @BOTH_LOOPS
 async def test_a_blocked_handler_blocks_the_child_not_the_launchers_memory(tag: str) -> None:
     logs = Gated()
@@ -847,6 +848,7 @@ async def test_socket_folder_is_private_and_removed_at_exit(tag: str) -> None:
     assert not os.path.exists(folder)
 
 
+@pytest.mark.slow
 async def test_two_runners_have_different_secrets_and_paths(tag: str) -> None:
     async with (
         corral.open_runner(name="a", console=False) as a,
@@ -909,6 +911,7 @@ async def run_out_of_descriptors(backend: str, when: str, tag: str) -> list[str]
     return done.stdout.decode().splitlines()
 
 
+@pytest.mark.slow
 @BOTH_LOOPS
 async def test_accept_survives_running_out_of_descriptors(anyio_backend: str, tag: str) -> None:
     warned, got = await run_out_of_descriptors(anyio_backend, "recover", tag)

@@ -104,6 +104,7 @@ def _combined_lines(path: Path, source: str, stream: str) -> list[str]:
 # -- files and handlers ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_tqdm_bar_reaches_files_and_handlers_about_once_a_second(
     tmp_path: Path, tag: str
 ) -> None:
@@ -289,6 +290,7 @@ def _screen(raw: bytes) -> list[str]:
     return [row.rstrip() for row in screen.display]
 
 
+@pytest.mark.slow
 def test_bar_is_drawn_in_place_on_a_terminal(anyio_backend: str, tmp_path: Path, tag: str) -> None:
     raw = _run_on_terminal(
         tmp_path,
@@ -314,6 +316,7 @@ def test_bar_is_drawn_in_place_on_a_terminal(anyio_backend: str, tmp_path: Path,
     assert raw.count(b"after the bar") == 1
 
 
+@pytest.mark.slow
 def test_other_lines_are_not_garbled_by_bars(anyio_backend: str, tmp_path: Path, tag: str) -> None:
     """Two bars at once, and a third child's lines scrolling above them."""
     second_bar = program("tqdm_bar", 700, "more", "stderr")

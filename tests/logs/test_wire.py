@@ -111,6 +111,7 @@ def test_trailing_fields_may_be_omitted_and_extra_ones_are_ignored() -> None:
 # -- round trips ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @given(messages)
 def test_round_trip(msg: Message) -> None:
     data = encode(msg)
@@ -126,6 +127,7 @@ def test_nan_and_infinite_timestamps_survive() -> None:
         assert math.isnan(rec.created) if math.isnan(created) else rec.created == created
 
 
+@pytest.mark.slow
 @settings(suppress_health_check=[HealthCheck.too_slow], max_examples=300)
 @given(st.lists(messages, max_size=30), st.data())
 def test_split_anywhere(msgs: list[Message], data: st.DataObject) -> None:
@@ -177,6 +179,7 @@ def feed_chunks(chunks: list[bytes], max_frame: int = MAX_FRAME) -> None:
             decoder.eof()
 
 
+@pytest.mark.slow
 @settings(max_examples=500)
 @given(st.lists(st.binary(max_size=300), max_size=10), st.integers(1, 1000))
 @example([b"\x00\x00\x00\x01\xc1"], MAX_FRAME)
@@ -206,6 +209,7 @@ def _containers(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
 msgpack_values = _leaves | _containers(_leaves | _containers(_leaves | _containers(_leaves)))
 
 
+@pytest.mark.slow
 @settings(max_examples=500)
 @given(st.lists(msgpack_values, max_size=5))
 def test_arbitrary_msgpack_in_good_frames(values: list[object]) -> None:
@@ -213,6 +217,7 @@ def test_arbitrary_msgpack_in_good_frames(values: list[object]) -> None:
     feed_chunks([b"".join(frame(_raw.encode(v)) for v in values)])
 
 
+@pytest.mark.slow
 @given(
     st.sampled_from(["hello", "record"]),
     st.lists(msgpack_values, max_size=16),

@@ -32,7 +32,8 @@ SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if not p.name.startswi
 NEEDS = {"omp.py": "torch"}
 
 #: Seconds a smoke run may take (below pytest-timeout's, so that this one reports).
-TIMEOUT = 45
+TIMEOUT = 90
+pytestmark = pytest.mark.timeout(120)
 
 
 def _ignore_sigint() -> None:
@@ -76,6 +77,7 @@ def test_the_benchmarks_are_found() -> None:
     assert {p.name for p in SCRIPTS} >= {"spawn.py", "logs.py", "latency.py"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_bench_runs_at_a_tiny_size(script: Path, tag: str) -> None:
     # The ``tag`` fixture marks every process the script starts and fails the test
@@ -89,6 +91,7 @@ def test_every_bench_runs_at_a_tiny_size(script: Path, tag: str) -> None:
     assert "Traceback (most recent call last)" not in result.stderr, described
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["signals.py", "cli.py"])
 def test_a_bench_that_sends_sigint_works_from_a_shell_that_ignores_it(name: str, tag: str) -> None:
     # Its launchers would inherit SIGINT ignored, and corral leaves an ignored signal

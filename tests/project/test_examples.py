@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 #: Seconds an example may take (below pytest-timeout's, so this one reports).
-TIMEOUT = 45
+TIMEOUT = 90
+pytestmark = pytest.mark.timeout(120)
 
 _APP_STDOUT = [
     r"web: listening on port \d+ \(pid \d+\)",
@@ -223,6 +224,7 @@ def test_examples_exist() -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example(path: Path, tag: str) -> None:
     # The ``tag`` fixture marks every process the example starts and fails
@@ -271,6 +273,7 @@ def test_an_example_that_needs_trio_says_so_without_it(name: str) -> None:
     assert "corral[trio]" in result.stderr and "Traceback" not in result.stderr, describe(result)
 
 
+@pytest.mark.slow
 def test_trio_and_asyncio_apps_do_the_same_job(tag: str) -> None:
     """Both apps print the same report, up to pids and port numbers."""
 
@@ -282,6 +285,7 @@ def test_trio_and_asyncio_apps_do_the_same_job(tag: str) -> None:
     assert report("trio_app.py") == report("asyncio_app.py")
 
 
+@pytest.mark.slow
 def test_logs_example_tail_loses_nothing(tag: str) -> None:
     """The tail sees every record of the Python child, its prints before ``os._exit`` too."""
     result = run_example(ROOT / "examples" / "logs.py", tag)
@@ -405,6 +409,7 @@ def _run_block(block: docs.Block, tag: str, tmp_path: Path) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", runnable("program") + runnable("test"), ids=lambda b: b.where)
 def test_every_whole_block_runs(block: docs.Block, tag: str, tmp_path: Path) -> None:
     result = _run_block(block, tag, tmp_path)

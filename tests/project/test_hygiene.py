@@ -285,6 +285,7 @@ def test_import_corral_is_lazy() -> None:
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_wheel_holds_the_package_and_nothing_stray(tmp_path: Path) -> None:
     build = subprocess.run(

@@ -622,6 +622,7 @@ def problems(pkg: Package) -> list[str]:
 CORRAL = Package(SRC, LAYERS, DYNAMIC_IMPORT_OK, FOREIGN_PRIVATE_OK, FRIEND_REACHES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
 def test_corral_keeps_its_architecture(check: Any) -> None:
     wrong = check(CORRAL)
@@ -634,6 +635,7 @@ def test_the_facade_s_imports_are_seen() -> None:
     assert {"corral._runner._runner", "corral._errors", "corral._sync._runner"} <= targets
 
 
+@pytest.mark.slow
 def test_every_exemption_is_still_needed() -> None:
     bare = Package(SRC, LAYERS)
     dag = "\n".join(check_dag(bare))

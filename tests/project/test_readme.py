@@ -122,6 +122,7 @@ def readme_programs() -> list[str]:
     return [b for b in blocks if "build exited with" in b]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", readme_programs())
 def test_readme_program_runs(code: str, tmp_path: Path, tag: str) -> None:
     script = tmp_path / "readme_example.py"

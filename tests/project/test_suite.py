@@ -48,6 +48,7 @@ def _decorator_names(node: ast.AST) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_a_module_on_one_loop_keeps_a_case_on_the_other() -> None:
     """CONTRIBUTING.md, "Which loop a test runs on": a module whose tests run on one loop
     (``anyio_backend = one_loop()``) keeps at least one test on the other loop."""
@@ -75,14 +76,16 @@ def test_a_module_on_one_loop_keeps_a_case_on_the_other() -> None:
 
 
 def test_every_program_is_run_by_a_test() -> None:
-    """``tests/programs/``: each program is named (``program("lines", ...)``) somewhere else."""
+    """``tests/programs/``: each program is named (``program("lines", ...)``, or its file)
+    somewhere else."""
     programs = ROOT / "tests" / "programs"
     texts = {p: p.read_text() for p in (ROOT / "tests").rglob("*.py")}
     for path in sorted(programs.glob("*.py")):
         if path.name == "__init__.py":
             continue
-        named = f'"{path.stem}"'
-        assert any(named in text for p, text in texts.items() if p != path), path.name
+        names = (f'"{path.stem}"', f'"{path.name}"')
+        used = any(n in text for p, text in texts.items() if p != path for n in names)
+        assert used, f"tests/programs/{path.name} is run by no test"
 
 
 def test_tmp_path_leaves_room_for_the_runners_log_socket(
@@ -94,3 +97,12 @@ def test_tmp_path_leaves_room_for_the_runners_log_socket(
     worker = "" if "popen-gw" in base else "/popen-gw19"
     longest = f"{base}{worker}/{'t' * 30}10/corral-log-abcdefgh/log.sock"
     assert len(longest.encode()) <= 107 - 10, longest  # and ten bytes to spare
+
+
+def test_the_fast_tier_is_documented_and_leaves_out_the_slow_fixtures() -> None:
+    """CONTRIBUTING.md names the fast tier's marker expression; tests/conftest.py marks every
+    test that uses the sshd hosts or the Slurm cluster ``slow``."""
+    assert 'python -m pytest -q -n 2 -m "not slow"' in (ROOT / "CONTRIBUTING.md").read_text()
+    from tests.conftest import SLOW_FIXTURES
+
+    assert {"ssh_hosts", "slurm_cluster"} <= SLOW_FIXTURES

@@ -216,6 +216,7 @@ def optional_users(tree: ast.Module, source: str) -> set[str]:
         names |= more
 
 
+@pytest.mark.slow
 def test_optional_modules_are_skipped() -> None:
     """A test that needs torch (directly, through a function or a program that imports it)
     calls ``pytest.importorskip("torch")``: where torch is absent it skips, not fails."""

@@ -121,6 +121,7 @@ def _pyright(program: Path) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_mypy_and_pyright_flag_every_mistake_and_nothing_else(tmp_path: Path) -> None:
     if shutil.which("pyright") is None or shutil.which("node") is None:

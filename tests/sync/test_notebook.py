@@ -147,6 +147,7 @@ corral.launch(sleeper, workers_per_host=4, grace={grace}, backend={backend!r},
 """
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(180)
 async def test_launch_in_a_notebook_cell_and_a_kernel_interrupt(kernel: Kernel, tag: str) -> None:
@@ -194,6 +195,7 @@ except ValueError as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(180)
 async def test_a_worker_traceback_shows_the_lines_of_the_cell(kernel: Kernel, tag: str) -> None:
