@@ -4,10 +4,10 @@ A Python child's stdout is a pipe, which Python block-buffers.  The runner puts 
 start-up hook (``corral/_startup/sitecustomize.py``) first on a Python child's
 ``PYTHONPATH``: a thread flushes the child's stdout and stderr every 20 ms, at exit, before
 ``os._exit`` and ``os.abort``, and before a fork.  These tests run real children
-(``prompt_child.py``) and check what that promises: lines come within a bound of their
-print, nothing printed before a crash is lost, a SIGKILL loses only the last moments, a
-fork writes nothing twice, and a ``sitecustomize`` of the user's still runs.  What it costs
-is measured by ``bench/prompt.py``, not here.
+(``tests/programs/prompt_child.py``) and check what that promises: lines come within a
+bound of their print, nothing printed before a crash is lost, a SIGKILL loses only the
+last moments, a fork writes nothing twice, and a ``sitecustomize`` of the user's still runs.
+What it costs is measured by ``bench/prompt.py``, not here.
 
 The event loop is not the subject (the hook lives in the child): one loop.
 """
@@ -24,13 +24,14 @@ from pathlib import Path
 import anyio
 import pytest
 from tests.helpers.processes import TAG_VAR, ListHandler
+from tests.programs import path
 
 import corral
 from corral._sys import _childenv
 
 pytestmark = pytest.mark.anyio
 
-CHILD = str(Path(__file__).with_name("prompt_child.py"))
+CHILD = str(path("prompt_child"))
 #: How long after its print a line may reach the handlers here: the hook flushes every
 #: 20 ms; the rest is room for a loaded machine.  A block-buffered child without the hook
 #: sends nothing until it has 8 KiB or exits.
@@ -151,3 +152,22 @@ def test_the_hook_is_first_on_pythonpath_once() -> None:
     empty: dict[bytes, bytes] = {}
     _childenv.prompt_lines(empty)
     assert empty[b"PYTHONPATH"] == hook
+
+
+async def test_the_runner_gives_a_child_the_hook_unless_it_names_pythonunbuffered(
+    tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default: a child that names no PYTHONUNBUFFERED gets the hook (and a launcher
+    whose own environment has it passes it on, as it passes any variable)."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    logs = ListHandler()
+    async with corral.open_runner(console=False, handlers=[logs]) as r:
+        await r.run([sys.executable, CHILD, "path"], name="child", extra_env={TAG_VAR: tag})
+        monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+        await r.run([sys.executable, CHILD, "path"], name="named", extra_env={TAG_VAR: tag})
+    (hooked_child,) = logs.lines("corral.child")
+    (named,) = logs.lines("corral.named")
+    path = json.loads(hooked_child)["PYTHONPATH"].split(os.pathsep)
+    assert path == [_childenv.HOOK_DIR, "/elsewhere"]
+    assert json.loads(named)["PYTHONPATH"] == "/elsewhere"

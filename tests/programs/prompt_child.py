@@ -1,4 +1,4 @@
-"""A Python child for ``test_prompt.py``: prints, block-buffered, in the way ``argv[1]`` says.
+"""A child of ``tests/logs/test_prompt.py``: prints, block-buffered, as ``argv[1]`` says.
 
 ``crash HOW``
     prints ``line 0`` ... ``line 499`` and ``ready``, waits for a line on stdin, prints
