@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,6 +114,19 @@ async def test_a_sigkill_loses_only_the_last_moments(tag: str) -> None:
         await proc.wait()
     lost = killed - max(stamps())
     assert lost < 1.0, f"the lines of the last {lost:.2f} s before the SIGKILL are lost"
+
+
+async def test_the_hooks_thread_takes_no_signal(tag: str) -> None:
+    """A child that blocks a signal in its main thread to sigwait() for it gets it: the
+    flushing thread blocks every signal, so the kernel never hands one to it (where the
+    default action, for SIGUSR1, would have killed the process)."""
+    logs = ListHandler()
+    async with corral.open_runner(console=False, handlers=[logs]) as r:
+        proc = await start(r, tag, "sigwait")
+        assert await logs.wait_for(lambda: "ready" in logs.lines("corral.child"), PROMPT + 5)
+        proc.send_signal(signal.SIGUSR1)
+        assert await proc.wait() == 0
+    assert logs.lines("corral.child") == ["ready", "got it"]
 
 
 async def test_a_fork_writes_nothing_twice(tag: str) -> None:
