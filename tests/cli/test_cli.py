@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, release, tagged_pids, wait_gone
+from tests.helpers.tmux import ScrollOnClearScreen
 
 from corral import open_runner
 from corral._cli import _group, _procfile, _tail
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["tests.helpers.hosts"]
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)  # 15 s was seen under a load of 15
 
 #: ``HH:MM:SS source | message``: a line as the command shows it, prefix on; a worker's
 #: source comes after its global rank (``[2] agent-1.worker-0``).
@@ -171,7 +172,11 @@ class Streaming:
 
 
 class Terminal:
-    """A command on a pseudo-terminal of ``cols`` x ``rows``, its output replayed into pyte."""
+    """A command on a pseudo-terminal of ``cols`` x ``rows``, its output replayed into pyte.
+
+    pyte taught tmux's ``scroll-on-clear`` (on by default there): an erase of
+    the whole screen moves it into the history, where a test sees it.
+    """
 
     def __init__(
         self, argv: list[str], *, cwd: Path, env: dict[str, str], cols: int = 120, rows: int = 30
@@ -190,7 +195,7 @@ class Terminal:
             )
         finally:
             os.close(slave)
-        self.screen = pyte.HistoryScreen(cols, rows, history=10_000)
+        self.screen = ScrollOnClearScreen(cols, rows, history=10_000)
         self.stream = pyte.ByteStream(self.screen)
         self.raw = bytearray()
         self.eof = False
@@ -603,6 +608,7 @@ def test_fuzz_procfile_parsing(data: bytes) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)  # 300 examples, each a corral process
 @settings(max_examples=300, deadline=None)
 @given(_file(_ENV_LINES))
 def test_fuzz_env_file_parsing(data: bytes) -> None:

@@ -45,6 +45,7 @@ from tests.cli.test_cli import (
 )
 from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, ListHandler
+from tests.helpers.tmux import ScrollOnClearScreen
 
 import corral as corral_lib
 
@@ -436,7 +437,8 @@ class Reflowing:
     """A terminal that rewraps its lines when it is resized (VTE, iTerm2, kitty, tmux do).
 
     It understands what the console writes: text, CR, LF, cursor up (CSI A),
-    to a column (CSI G), erase in line (CSI K), erase below (CSI J), autowrap
+    to a column (CSI G), erase in line (CSI K), erase below (CSI J), delete
+    lines (CSI M), autowrap
     off and on (CSI ?7l, CSI ?7h: off, a line is cut at the right edge); other
     sequences are ignored.  Rows that scroll off the top go to the
     scrollback, which the cursor cannot reach.  A resize rewraps every line,
@@ -524,6 +526,14 @@ class Reflowing:
             del self.buffer[self.y + 1 :]
             del self.wrapped[self.y + 1 :]
             self.wrapped[self.y] = False
+        elif final == "M":  # delete lines: those below move up; to the left margin
+            end = self.y + (number or 1)
+            del self.buffer[self.y : end]
+            del self.wrapped[self.y : end]
+            if self.y == len(self.buffer):
+                self.buffer.append([])
+                self.wrapped.append(False)
+            self.x = 0
 
     def logical(self) -> tuple[list[list[str]], int, int]:
         """The lines as written (wrapped rows joined); the cursor's line and offset in it."""
@@ -615,7 +625,7 @@ class ReplayTerminal(Terminal):
 
     def replay_pyte(self) -> list[str]:
         cols, rows = self.size
-        screen = pyte.HistoryScreen(cols, rows, history=10_000)
+        screen = ScrollOnClearScreen(cols, rows, history=10_000)
         stream = pyte.ByteStream(screen)
         done = 0
         for offset, cols, rows in self.resizes:
@@ -714,6 +724,40 @@ def test_a_frame_made_for_a_wider_terminal_is_still_cleared() -> None:
         stream.close()
         os.close(master)
     assert [line for line in screen.lines() if line] == ["line 0", "line 1", "line 2"]
+
+
+def test_pinned_lines_redrawn_from_the_top_row_leave_nothing_in_a_history_kept_on_clear() -> None:
+    """tmux keeps its whole screen in its history when a program erases it from the top-left
+    cell (``scroll-on-clear``, its default): pinned lines drawn on a cleared screen and drawn
+    again and again, with and without lines above them, must leave nothing of theirs there."""
+    from corral._logs._console import ConsoleHandler
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    stream = open(slave, "w", encoding="utf-8", closefd=True)  # noqa: SIM115
+    screen = ScrollOnClearScreen(80, 24, history=1000)
+    feed = pyte.ByteStream(screen)
+
+    def arrived() -> None:
+        while select.select([master], [], [], 0)[0]:
+            feed.feed(os.read(master, 65536))
+
+    try:
+        console = ConsoleHandler(stream, colour=False)
+        for frame in range(30):
+            console.set_footer([f"table {frame}".encode(), b"row a", b"row b"])
+            arrived()
+            if frame % 10 == 9:
+                console.say(f"line {frame}", stream)
+                arrived()
+        console.close()
+        arrived()
+    finally:
+        stream.close()
+        os.close(master)
+    history = ["".join(line[x].data for x in range(80)).rstrip() for line in screen.history.top]
+    shown = [line.rstrip() for line in screen.display]
+    assert [line for line in history + shown if line] == ["line 9", "line 19", "line 29"]
 
 
 @pytest.mark.slow
@@ -848,20 +892,19 @@ def test_ctrl_c_on_two_ssh_hosts(ssh_hosts: _hosts.SshHosts, tmp_path: Path, tag
 
 #: A bar drawn once, in its final state, and ended a moment later: its state was
 #: logged to files at once (the first frame is), and the terminal must still keep it.
-ONE_FRAME_BAR = """
-import sys, time
-sys.stderr.write("\\rcopied 100%"); sys.stderr.flush()
-time.sleep(0.3)  # the end of the line comes in a read of its own
-sys.stderr.write("\\n"); sys.stderr.flush()
-"""
-
-
 @pytest.mark.slow
 def test_a_bar_logged_already_stays_on_the_terminal_as_a_line(
     anyio_backend: str, tmp_path: Path, tag: str
 ) -> None:
     from tests.logs.test_progress import _run_on_terminal, _screen
+    from tests.programs import program
 
-    raw = _run_on_terminal(tmp_path, anyio_backend, [("bar", ONE_FRAME_BAR)], colour=False, tag=tag)
+    raw = _run_on_terminal(
+        tmp_path,
+        anyio_backend,
+        [("bar", program("raw_output", "one-frame-bar"))],
+        colour=False,
+        tag=tag,
+    )
     shown = [row for row in _screen(raw) if row]
     assert len(shown) == 1 and re.fullmatch(r"\d\d:\d\d:\d\d corral\.bar \| copied 100%", shown[0])

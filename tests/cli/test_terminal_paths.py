@@ -216,3 +216,26 @@ def test_no_escape_reaches_corral_tail(tmp_path: Path, tag: str) -> None:
             runner.wait()
     for tail, raw in zip(tails, (False, False, True), strict=True):
         check(bytes(tail.data), raw=raw)
+
+
+def test_the_command_writes_all_of_what_a_raw_stdout_takes_in_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The command's stdout (its guard against a reader that went away) and its own lines on
+    stderr write the rest of what a raw stream (``python -u``) did not take at once."""
+    from tests.logs.test_terminal import _drained, _raw_stream_taking_part
+
+    from corral._cli._io import Stdout, say
+
+    text = "".join(f"line {i:06d} {'x' * 40}\n" for i in range(20_000))
+    stream, read = _raw_stream_taking_part()
+    stdout = Stdout(stream)
+    assert stdout.buffer is not None
+    buffer = stdout.buffer
+    assert _drained(read, lambda: buffer.write(text.encode()), stream.close).decode() == text
+    assert not stdout.gone and stdout.error is None
+
+    stream, read = _raw_stream_taking_part()
+    monkeypatch.setattr(sys, "stderr", stream)
+    line = "y" * 1_000_000
+    assert _drained(read, lambda: say(line), stream.close).decode() == line + "\n"

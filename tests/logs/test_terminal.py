@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
+import threading
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -205,3 +208,51 @@ def test_what_the_command_says_is_filtered_too(capsys: pytest.CaptureFixture[str
 
     say(f"corral: error: host said {EVIL}")
     assert capsys.readouterr().err == f"corral: error: host said {EVIL_SHOWN}\n"
+
+
+# -- all of it, whatever a write takes ----------------------------------------------------------
+
+
+def _raw_stream_taking_part() -> tuple[io.TextIOWrapper, int]:
+    """``sys.stdout`` as ``python -u`` makes it: a text layer on a raw stream (one write(2) per
+    write, which returns how much it took); its pipe non-blocking, so that a write bigger than
+    the pipe takes part at once, as a terminal not yet emptied does when a signal comes."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    return io.TextIOWrapper(io.FileIO(write, "w"), write_through=True), read
+
+
+def _drained(read: int, write: Callable[[], object], close: Callable[[], object]) -> bytes:
+    received = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(read, 65536):
+            received.extend(chunk)
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    try:
+        write()
+    finally:
+        close()
+        thread.join(30)
+        os.close(read)
+    return bytes(received)
+
+
+@pytest.mark.parametrize("how", ["record", "say"])
+def test_the_console_writes_all_of_what_a_raw_stream_takes_in_parts(how: str) -> None:
+    """Under ``python -u`` or ``PYTHONUNBUFFERED=1``, ``sys.stdout.buffer`` is raw: the
+    console writes what a write did not take (it was lost: the end of a frame of the live
+    block, which then left a copy of its first rows on the screen)."""
+    stream, read = _raw_stream_taking_part()
+    console = corral.ConsoleHandler(stream, colour=False, prefix="none")
+    text = "".join(f"line {i:06d} {'x' * 40}\n" for i in range(20_000))  # ~1 MB
+
+    def write() -> None:
+        if how == "record":
+            console.emit(logging.makeLogRecord({"msg": text.rstrip("\n"), "name": "t"}))
+        else:
+            console.say(text, stream)
+
+    assert _drained(read, write, stream.close).decode() == text

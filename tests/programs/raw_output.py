@@ -12,6 +12,9 @@
     the ``\\n`` of ``two`` (they arrive in two reads).
 ``same-state``
     ``\\rdownload 100%``, a pause of 0.3 s, then the line ends, and ``next line``.
+``one-frame-bar``
+    on stderr, ``\\rcopied 100%``, a pause of 0.3 s, then the end of the line (in a read of
+    its own).
 """
 
 from __future__ import annotations
@@ -40,5 +43,9 @@ elif scenario == "same-state":
     os.write(1, b"\rdownload 100%")
     time.sleep(0.3)
     os.write(1, b"\nnext line\n")
+elif scenario == "one-frame-bar":
+    os.write(2, b"\rcopied 100%")
+    time.sleep(0.3)
+    os.write(2, b"\n")
 else:
     sys.exit(f"no scenario {scenario!r}")

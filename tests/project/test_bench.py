@@ -32,7 +32,8 @@ SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if not p.name.startswi
 NEEDS = {"omp.py": "torch"}
 
 #: Seconds a smoke run may take (below pytest-timeout's, so that this one reports).
-TIMEOUT = 45
+TIMEOUT = 90
+pytestmark = pytest.mark.timeout(120)
 
 
 def _ignore_sigint() -> None:

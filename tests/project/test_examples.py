@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 #: Seconds an example may take (below pytest-timeout's, so this one reports).
-TIMEOUT = 45
+TIMEOUT = 90
+pytestmark = pytest.mark.timeout(120)
 
 _APP_STDOUT = [
     r"web: listening on port \d+ \(pid \d+\)",

@@ -45,6 +45,7 @@ def assert_passed(result: pytest.RunResult, *names: str) -> None:
         assert f"test_inner.py::{name} PASSED" in out, f"{name} did not pass:\n{out}"
 
 
+@pytest.mark.slow
 def test_the_plugin_is_registered_through_its_entry_point(
     run: Callable[..., pytest.RunResult],
 ) -> None:
@@ -125,6 +126,7 @@ async def test_trio_child_fails(corral_runner):
 """
 
 
+@pytest.mark.slow
 def test_clean_tests_pass_on_both_backends_and_under_pytest_trio(
     run: Callable[..., pytest.RunResult],
 ) -> None:
@@ -146,6 +148,7 @@ def test_clean_tests_pass_on_both_backends_and_under_pytest_trio(
     _assert_child_failure_reported(result)
 
 
+@pytest.mark.slow
 def test_the_fixtures_work_in_pytest_trio_s_trio_mode(
     run: Callable[..., pytest.RunResult],
 ) -> None:
@@ -195,6 +198,7 @@ async def test_a_runner_that_leaks_nothing(corral_no_leaks, corral_runner):
 """
 
 
+@pytest.mark.slow
 def test_a_leaking_test_fails_naming_the_leak(run: Callable[..., pytest.RunResult]) -> None:
     result = run(LEAKY)
     result.assert_outcomes(passed=7, errors=4)
@@ -247,6 +251,7 @@ async def test_passes_quietly(corral_runner):
 """
 
 
+@pytest.mark.slow
 def test_a_failing_test_shows_its_childrens_last_lines(
     run: Callable[..., pytest.RunResult],
 ) -> None:
@@ -277,6 +282,7 @@ def test_a_failing_test_shows_its_childrens_last_lines(
     assert "not shown" not in out  # a passing test's output stays out of the report
 
 
+@pytest.mark.slow
 def test_options_fixture_changes_the_runner(run: Callable[..., pytest.RunResult]) -> None:
     result = run(
         """

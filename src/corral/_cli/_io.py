@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
-from .._logs._terminal import terminal_text
+from .._logs._terminal import terminal_text, write_all, write_out
 
 if TYPE_CHECKING:
     from .._sys._backend import LoopHandle
@@ -51,8 +51,8 @@ def say(message: str) -> None:
     answer): the console's policy for a terminal applies to it.
     """
     try:
-        sys.stderr.write(terminal_text(message.replace("\n", " ")) + "\n")
-        sys.stderr.flush()
+        line = terminal_text(message.replace("\n", " ")) + "\n"
+        write_out(sys.stderr, line.encode("utf-8", "replace"))
     except _READER_GONE:
         _silence(sys.stderr)
 
@@ -202,7 +202,7 @@ class StdoutBytes:
         self._raw = raw
 
     def write(self, data: bytes) -> int:
-        self._owner.guard(self._raw.write, data)
+        self._owner.guard(write_all, self._raw, data)  # all of it, a raw stream's too
         return len(data)
 
     def flush(self) -> None:

@@ -14,7 +14,7 @@ import anyio
 import anyio.to_thread
 
 from .._core._stop import Grace, stop_strays
-from .._logs._terminal import terminal_text
+from .._logs._terminal import terminal_text, write_out
 from .._sys import _contain
 from ._console import CommandConsole
 from ._group import Output
@@ -276,8 +276,7 @@ def _end(console: CommandConsole, output: Output, status: Status, runner: list[R
 
 def _write(stream: TextIO, text: str) -> None:
     try:
-        stream.write(text)
-        stream.flush()
+        write_out(stream, text.encode("utf-8", "replace"))
     except (OSError, ValueError):
         pass  # nobody reads it any more
 

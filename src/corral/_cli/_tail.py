@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import anyio
 import click
 
+from .._logs._terminal import write_out
 from ._group import CONTEXT, RAW_OPTION, text_option
 from ._io import EXIT_PIPE, Stdout, call_soon, check_written, say, shorten
 
@@ -276,8 +277,7 @@ def _ended(message: dict[str, Any]) -> int:
             pass  # not a failure this corral describes
         else:
             try:  # on stderr, as the command that ran the processes says it
-                sys.stderr.write(text + "\n")
-                sys.stderr.flush()
+                write_out(sys.stderr, (text + "\n").encode("utf-8", "replace"))
             except (OSError, ValueError):
                 pass  # nobody reads it any more
     return status if isinstance(status, int) and 0 <= status <= 255 else 1

@@ -15,7 +15,7 @@ from typing import Final, TextIO
 from ._records import believable, format_message, source_of, wire_message
 from ._sinks import BlockSink, Stamps
 from ._sources import Source
-from ._terminal import is_text, terminal_bytes, terminal_text
+from ._terminal import is_text, terminal_bytes, terminal_text, write_out
 from ._wire import Record
 
 __all__ = ["ConsoleHandler"]
@@ -56,12 +56,17 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     The pinned lines (bars, and a footer such as the ``corral`` command's
     status table) take at most a third of the terminal's height, and never a
     line wider than it.  Between two draws the cursor waits at their start,
-    and they are cleared from there to the end of the screen, however the
+    and their rows are deleted from there to the end of the screen (never
+    erased: tmux keeps an erased screen in its history), however the
     resizes since rewrapped them (most terminals rewrap: VTE, iTerm2, kitty,
     tmux, Windows Terminal; a line drawn 120 columns wide takes three rows
     once the terminal is 40 columns wide, and the block may then be taller
     than the screen: a terminal keeps its cursor on the screen, so none of
-    it is out of reach in the scrollback).
+    it is out of reach in the scrollback).  On a fresh or cleared screen,
+    blank rows above them stand in for the lines of text not written yet:
+    a terminal that rewraps keeps the bottom of its screen in place and
+    pushes the top into its history, which must get text or blank rows,
+    never pinned lines.
     """
 
     def __init__(
@@ -110,6 +115,10 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         #: The display width of each pinned line drawn last (the cursor waits
         #: at the first one's start).
         self._drawn: list[int] = []
+        #: The blank rows drawn between the text and the pinned lines (see :meth:`_redraw`).
+        self._gap = 0
+        #: How many lines of text this console wrote (capped): the rows above them, at least.
+        self._written = 0
         self._write_lock = threading.Lock()
 
     def _plain(self) -> bool:
@@ -222,12 +231,14 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
             shared = self.terminal and self._errors_terminal
             pinned = shared and bool(self._drawn)
             if pinned:
-                self._raw(_CLEAR)
+                self._raw(self._clear())
                 self._drawn = []
             try:
-                _write_raw(self.errors, data)
+                write_out(self.errors, data)
             except (OSError, ValueError):
                 pass  # nobody reads it any more
+            if shared:
+                self._wrote(data.count(b"\n"))
             if pinned or (shared and self._bars):
                 self._redraw(b"")
 
@@ -322,13 +333,15 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
         with self._write_lock:
             pinned = bool(self._drawn)
             if pinned:
-                self._raw(_CLEAR)
+                self._raw(self._clear())
                 self._drawn = []
             try:
-                target.write(text if text.endswith("\n") else text + "\n")
-                target.flush()
+                line = text if text.endswith("\n") else text + "\n"
+                write_out(target, line.encode("utf-8", "replace"))
             except (OSError, ValueError):
                 pass  # nobody reads it any more: nothing to say it on
+            if target is self.stream or _isatty(target):
+                self._wrote(text.rstrip("\n").count("\n") + 1)
             if pinned or self._bars:
                 self._redraw(b"")
 
@@ -338,10 +351,30 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 self._redraw(data)
             else:
                 self._raw(data)
+                self._wrote(data.count(b"\n"))
+
+    def _wrote(self, lines: int) -> None:
+        self._written = min(self._written + lines, _ENOUGH)
+
+    def _clear(self) -> bytes:
+        """From the start of the pinned lines: up over the gap, and remove it all."""
+        return b"\r" + (b"\x1b[%dA" % self._gap if self._gap else b"") + _DELETE_BELOW
 
     def _redraw(self, data: bytes) -> None:
-        """Clear the pinned lines, write ``data`` above them, draw them again (lock held)."""
-        out = [_CLEAR if self._drawn else b"", data]
+        """Clear the pinned lines, write ``data`` above them, draw them again (lock held).
+
+        The pinned lines are removed by deleting rows (``_DELETE_BELOW``), never
+        by erasing them: no terminal keeps what it deletes.  While fewer than
+        twice as many lines of text as the pinned lines take are on the screen
+        above them (a fresh or cleared screen), blank rows fill the difference
+        (the gap), written first and removed with them.  A terminal that rewraps
+        when it is narrowed (tmux, kitty, VTE) keeps the bottom of its screen in
+        place and pushes the top into its history: what it pushes there must be
+        text, or those blank rows, never pinned lines (up to a narrowing to a
+        third of the width before the next draw).
+        """
+        out = [self._clear() if self._drawn else b"", data]
+        self._wrote(data.count(b"\n"))
         columns = max(self.width - 1, 1)  # never the last column: no wrap pending
         height = self.height
         # The cursor cannot go above the top of the screen: pinned lines that
@@ -358,18 +391,20 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
                 more = f"... and {hidden} more progress bar{'s' if hidden != 1 else ''}"
                 bars.append(_cut(more.encode(), columns))
         pinned = [*bars, *footer]
+        self._gap = 0
         if pinned:
+            self._gap = max(min(2 * len(pinned) - self._written, height - len(pinned)), 0)
             # Autowrap off while they are drawn: a frame made for the width read
             # above may reach a terminal made narrower since, and a line that
             # wrapped there would take more rows than the move back counts.
-            out += [_NO_WRAP, b"\n".join(line for line, _ in pinned)]
+            out += [b"\n" * self._gap, _NO_WRAP, b"\n".join(line for line, _ in pinned)]
             # Back to their start, where the next draw clears them from.
             out += [_back_to_start(len(pinned)), _WRAP]
         self._drawn = [width for _, width in pinned]
         self._raw(b"".join(out))
 
     def _raw(self, data: bytes) -> None:
-        _write_raw(self.stream, data)
+        write_out(self.stream, data)
 
     def flush_block(self) -> None:
         pass  # every write is flushed
@@ -377,25 +412,11 @@ class ConsoleHandler(BlockSink, logging.StreamHandler):  # type: ignore[type-arg
     def close(self) -> None:
         with self._write_lock:
             if self._drawn:
-                self._raw(_CLEAR)
+                self._raw(self._clear())
                 self._drawn = []
             self._bars.clear()
             self._footer = []
         super().close()
-
-
-def _write_raw(stream: TextIO | None, data: bytes) -> None:
-    """``data`` to ``stream``, through its bytes buffer if it has one; flushed."""
-    if stream is None:
-        return
-    buffer = getattr(stream, "buffer", None)
-    if buffer is not None:
-        stream.flush()
-        buffer.write(data)
-        buffer.flush()
-    else:
-        stream.write(data.decode("utf-8", "replace"))
-        stream.flush()
 
 
 def _isatty(stream: TextIO | None) -> bool:
@@ -496,8 +517,17 @@ class _Styles:
         return text
 
 
-#: Erase from the cursor (at the start of the pinned lines) to the end of the screen.
-_CLEAR: Final = b"\r\x1b[J"
+#: Remove the rows from the cursor's to the end of the screen: delete lines (DL,
+#: ``ESC[M``, VT102), not erase below (ED, ``ESC[J``).  Some terminals keep what an
+#: erase clears: tmux (``scroll-on-clear``, on by default) moves the whole screen into
+#: its history when ``ESC[J`` comes at the top-left cell, so pinned lines redrawn from
+#: the top row ~16 times a second would fill the scrollback with copies of themselves.
+#: Deleted rows go nowhere, in every terminal; a count beyond the rows left is cut to
+#: them, so one count serves every height.
+_DELETE_BELOW: Final = b"\x1b[9999M"
+
+#: Lines of text enough to count (:attr:`ConsoleHandler._written` stops there).
+_ENOUGH: Final = 1 << 20
 
 
 #: Autowrap (DECAWM) off, and on again: a line wider than the terminal is cut

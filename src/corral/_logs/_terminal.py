@@ -31,14 +31,18 @@ newline, and no ``ESC`` that does not begin an SGR sequence.  Lines without
 any control character (nearly all) cost one scan in C and come back as they
 are.  ``ConsoleHandler(raw=True)`` and ``corral run/up/tail --raw`` skip the
 filter, for those who want a child's sequences to reach their terminal.
+
+:func:`write_out` and :func:`write_all` send it, all of it (a raw stream's
+write may take part only).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Final
+import select
+from typing import BinaryIO, Final, TextIO
 
-__all__ = ["RESET", "is_text", "terminal_bytes", "terminal_text"]
+__all__ = ["RESET", "is_text", "terminal_bytes", "terminal_text", "write_all", "write_out"]
 
 #: What ends a line that set colours.
 RESET: Final = "\x1b[0m"
@@ -137,3 +141,54 @@ def terminal_text(text: str) -> str:
     if "\x1b" in text:
         text = text.replace("\n", RESET + "\n") + RESET
     return text
+
+
+def write_out(stream: TextIO | None, data: bytes) -> None:
+    """All of ``data`` to ``stream``, through its bytes buffer if it has one; flushed.
+
+    See :func:`write_all`: a text stream's own ``write`` would lose the same bytes.
+    """
+    if stream is None:
+        return
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        stream.write(data.decode("utf-8", "replace"))
+        stream.flush()
+        return
+    stream.flush()
+    write_all(buffer, data)
+    while True:
+        try:
+            buffer.flush()
+            return
+        except BlockingIOError:
+            _wait_writable(buffer)
+
+
+def write_all(binary: BinaryIO, data: bytes) -> None:
+    """All of ``data`` to ``binary``, however little each of its writes takes.
+
+    A buffered stream takes all it is given.  A raw one makes one ``write(2)``
+    and says how much it took: under ``python -u`` or ``PYTHONUNBUFFERED=1``
+    ``sys.stdout.buffer`` and ``sys.stderr.buffer`` are raw, and a terminal
+    that the reader has not emptied may take part of a write only.  The rest
+    is written here; ignored (as by ``TextIOWrapper.write``), it was lost: the
+    end of a frame of the live block, leaving a copy of its first rows on the
+    screen.  A descriptor someone made non-blocking is waited on until it
+    takes more.
+    """
+    view = memoryview(data)
+    while view:
+        try:
+            written = binary.write(view)
+        except BlockingIOError as exc:
+            written = exc.characters_written
+            _wait_writable(binary)
+        if written is None:  # a raw stream, non-blocking, full
+            _wait_writable(binary)
+            written = 0
+        view = view[written:]
+
+
+def _wait_writable(binary: BinaryIO) -> None:
+    select.select([], [binary.fileno()], [])
