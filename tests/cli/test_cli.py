@@ -590,6 +590,8 @@ def _one_line(error: click.ClickException) -> str:
     return message
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # 300 examples; over 30 s under a load of 15 (its worker timed out)
 @settings(max_examples=300, deadline=None)
 @given(_file(_PROCFILE_LINES))
 def test_fuzz_procfile_parsing(data: bytes) -> None:
