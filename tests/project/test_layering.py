@@ -811,10 +811,14 @@ def test_the_checks_catch(tmp_path: Path, changes: dict[str, str], said: str) ->
 _HEAVY = ("anyio", "trio", "asyncio", "rich", "click", "cloudpickle", "websockets", "sniffio")
 
 
-def _loaded_after(code: str, env: dict[str, str] | None = None) -> set[str]:
+def _loaded_after(
+    code: str, env: dict[str, str] | None = None, also: tuple[str, ...] = ()
+) -> set[str]:
+    """The modules of :data:`_HEAVY`, msgspec, ``also`` and corral loaded after ``code``."""
+    tops = (*_HEAVY, "msgspec", *also)
     report = (
         f"{code}\nimport sys\nprint(' '.join(sorted(m for m in sys.modules "
-        f"if m.split('.')[0] in {_HEAVY!r} + ('msgspec',) or m.startswith('corral'))))"
+        f"if m.split('.')[0] in {tops!r} or m.startswith('corral'))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", report], capture_output=True, text=True, timeout=60, env=env
@@ -902,3 +906,30 @@ def test_a_runner_loads_no_launch_and_no_monitor_code() -> None:
     assert "corral._runner._runner" in loaded
     assert not {m for m in loaded if m.startswith(("corral._launch", "corral._monitor"))}, loaded
     assert "cloudpickle" not in loaded
+
+
+#: What a runner loads only once it needs it: asyncio where its loop runs (it is loaded then
+#: already), ctypes for the subreaper role.
+_ON_DEMAND = ("asyncio", "ssl", "ctypes")
+
+
+def test_a_runner_loads_no_event_loop() -> None:
+    """``import corral; corral.open_runner`` loads none of :data:`_ON_DEMAND`."""
+    code = "import corral\ncorral.open_runner\ncorral.Runner\ncorral.Process"
+    loaded = _loaded_after(code, also=_ON_DEMAND)
+    assert "corral._runner._runner" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in _ON_DEMAND}, loaded
+
+
+def test_a_runner_on_trio_loads_no_asyncio() -> None:
+    """A runner on Trio, that spawns, supervises and logs, loads no asyncio."""
+    code = (
+        "import anyio, corral\n"
+        "async def main() -> None:\n"
+        "    async with corral.open_runner() as r:\n"
+        "        await r.run(['sh', '-c', 'echo out; echo err >&2'])\n"
+        "anyio.run(main, backend='trio')"
+    )
+    loaded = _loaded_after(code, also=_ON_DEMAND)
+    assert "trio" in loaded and "corral._core._supervisor" in loaded
+    assert not {m for m in loaded if m.split(".")[0] == "asyncio"}, loaded

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._sources import Source
-from ._wire import FrameDecoder, Record
+
+if TYPE_CHECKING:
+    from ._wire import FrameDecoder, Record
 
 __all__ = ["FRAMES", "LINES", "RECORDS", "Chunk", "Delivery", "Outcome", "StreamState"]
 

@@ -10,13 +10,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 from ._records import believable, format_message, source_of, wire_message
 from ._sinks import BlockSink, Stamps
 from ._sources import Source
 from ._terminal import is_text, terminal_bytes, terminal_text, write_out
-from ._wire import Record
+
+if TYPE_CHECKING:
+    from ._wire import Record
 
 __all__ = ["ConsoleHandler"]
 

@@ -39,13 +39,15 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._chunks import FRAMES, LINES, Chunk, Delivery, Outcome, StreamState
 from ._records import believable, make_record
 from ._sinks import BlockSink
 from ._sources import BACKLOG_RECORDS, Backlogs, Source, line_block, record_block, wire_block
-from ._wire import Hello, Record, WireError
+
+if TYPE_CHECKING:
+    from ._wire import Hello, Record
 
 __all__ = ["MAX_LINE", "PROGRESS_INTERVAL", "Route", "Router"]
 
@@ -399,6 +401,9 @@ class Router:
     # -- logging records -----------------------------------------------------------------
 
     def _frames(self, chunk: Chunk, deliveries: list[Delivery], touched: set[BlockSink]) -> None:
+        # Loaded by the log server, which decodes every hello: no file is read here.
+        from ._wire import Record, WireError
+
         state = chunk.state
         decoder = state.decoder
         assert decoder is not None

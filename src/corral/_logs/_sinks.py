@@ -15,11 +15,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._records import MAX_ABS_CREATED, believable, format_message, source_of, wire_message
 from ._sources import Source
-from ._wire import Record
+
+if TYPE_CHECKING:
+    from ._wire import Record
 
 __all__ = ["BlockSink", "LogFiles", "Stamps"]
 

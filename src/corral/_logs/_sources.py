@@ -45,7 +45,6 @@ from typing import Final
 
 import anyio
 import anyio.lowlevel
-import msgspec
 
 from ._records import make_record
 
@@ -173,6 +172,8 @@ def _cut_wire(rec: object, nbytes: int) -> object:
         room -= len(keep)
         fields[name] = keep if keep or name == "msg" else None
     fields["msg"] = _CUT + (fields["msg"] or "")
+    import msgspec  # (loaded: the record is one of its structs)
+
     return msgspec.structs.replace(rec, **fields)  # type: ignore[type-var]
 
 

@@ -29,22 +29,25 @@ backend's own public API:
 
 Trio is optional: this module never imports it.  When the running loop is
 Trio's, ``trio`` is already in :data:`sys.modules`, and that is where it is
-taken from.
+taken from.  asyncio is imported only where its loop is the one running (it
+is loaded then already): a runner on Trio, and a program that only imports
+corral, never load it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import asyncio.base_events
 import sys
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio.lowlevel
 from anyio import CancelScope, RunFinishedError
 from anyio.abc import TaskGroup
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "Backend",
@@ -67,6 +70,16 @@ T = TypeVar("T")
 def _trio() -> Any | None:
     """The ``trio`` module if it is imported (it is, whenever a Trio loop runs)."""
     return sys.modules.get("trio")
+
+
+def _native_cancel() -> type[BaseException] | tuple[()]:
+    """asyncio's ``CancelledError``, for an ``except``: nothing to catch if asyncio is not
+    imported (it is, whenever an asyncio loop runs; no such error can exist without it)."""
+    if "asyncio" not in sys.modules:
+        return ()
+    import asyncio
+
+    return asyncio.CancelledError
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,10 +132,16 @@ def current_loop() -> LoopHandle:
         and (trio.lowlevel.in_trio_task() or not _in_asyncio_task())
     ):
         return LoopHandle("trio", trio.lowlevel.current_trio_token())
+    import asyncio
+
     return LoopHandle("asyncio", asyncio.get_running_loop())
 
 
 def _in_asyncio_task() -> bool:
+    if "asyncio" not in sys.modules:
+        return False  # no asyncio loop has ever run here
+    import asyncio
+
     try:
         return asyncio.current_task() is not None
     except RuntimeError:  # no asyncio loop runs in this thread
@@ -156,6 +175,8 @@ class HostHold:
         self._task = loop.create_task(self._hold(), name="corral: the guest runner's hold")
 
     async def _hold(self) -> None:
+        import asyncio
+
         cancelled = False
         while not self._left.done():
             try:
@@ -185,8 +206,10 @@ class HostHold:
 
 def hold_asyncio_host(guest: LoopHandle, on_ending: Callable[[], None]) -> HostHold | None:
     """A :class:`HostHold` if ``guest`` is Trio running as a guest on an asyncio loop."""
-    if guest.backend != "trio":
-        return None
+    if guest.backend != "trio" or "asyncio" not in sys.modules:
+        return None  # (without asyncio imported, no asyncio loop can be the host)
+    import asyncio
+
     try:
         host = asyncio.get_running_loop()
     except RuntimeError:
@@ -205,6 +228,9 @@ def is_asyncio_main_task() -> bool:
     it stops working.  If it ever returns ``False`` wrongly, the interrupt
     is raised inside a :class:`BaseExceptionGroup`, which is safe.
     """
+    import asyncio
+    import asyncio.base_events
+
     task = asyncio.current_task()
     if task is None:
         return False
@@ -236,12 +262,14 @@ async def outlast_native_cancel(
     while True:
         try:
             result = await wait()
-        except asyncio.CancelledError as exc:
+        except _native_cancel() as exc:
             if scope is not None and scope.cancel_called:
                 # Our own deadline.  (A native cancellation absorbed before it
                 # is dropped then: the stop goes on to its end either way.)
                 raise
             cancelled = exc
+            import asyncio  # (loaded: the cancellation is its)
+
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -276,6 +304,8 @@ async def start_surely(tg: TaskGroup, *tasks: SureTask) -> None:
         for func, args, name in tasks:
             tg.start_soon(func, *args, name=name)
         return
+    import asyncio
+
     cancelled: BaseException | None = None
     pending = list(tasks)
     while pending:

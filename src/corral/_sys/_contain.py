@@ -29,14 +29,16 @@ a pidfd, so a pid that was reused is never hit.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._cgroup import Cgroup, CgroupUnavailable, member_of
+
+if TYPE_CHECKING:
+    import ctypes
 
 __all__ = [
     "KILL_WAIT",
@@ -58,6 +60,8 @@ _libc: ctypes.CDLL | None = None
 
 
 def _prctl(option: int, arg: object) -> None:
+    import ctypes  # (only for the subreaper role: a runner without it never loads it)
+
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -68,6 +72,8 @@ def _prctl(option: int, arg: object) -> None:
 
 def is_subreaper() -> bool:
     """Whether this process is a child subreaper."""
+    import ctypes
+
     value = ctypes.c_int(0)
     _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.pointer(value))
     return bool(value.value)
