@@ -25,7 +25,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import termios
 import time
@@ -41,6 +40,7 @@ from hypothesis import strategies as st
 from tests.helpers.commands import corral_argv
 from tests.helpers.processes import TAG_VAR, release, tagged_pids, wait_gone
 from tests.helpers.tmux import ScrollOnClearScreen
+from tests.programs import program
 
 from corral import open_runner
 from corral._cli import _group, _procfile, _tail
@@ -1228,23 +1228,13 @@ def test_terminal_status_table_shows_the_last_exit_after_a_group_restart(
 
 
 #: Rank 0 holds 100 MiB and burns CPU; rank 1 sleeps.
-BUSY_OR_IDLE = (
-    "import os, time\n"
-    "if os.environ['RANK'] == '0':\n"
-    "    held = b'x' * (100 << 20)\n"
-    "    while True:\n"
-    "        pass\n"
-    "time.sleep(60)\n"
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("option", [None, "--no-usage"])
 def test_terminal_status_table_shows_cpu_and_memory(
     tmp_path: Path, tag: str, option: str | None
 ) -> None:
     options = [option] if option else []
-    argv = corral_argv("run", "-n", "2", *options, "--", sys.executable, "-c", BUSY_OR_IDLE)
+    argv = corral_argv("run", "-n", "2", *options, "--", *program("costly_or_idle"))
     term = Terminal(argv, cwd=tmp_path, env=environ(tag))
     try:
         if option is None:
