@@ -45,6 +45,7 @@ from tests.helpers.processes import (
 
 import corral
 from corral import LOG
+from corral._sys import _childenv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -668,8 +669,9 @@ async def test_env_replaces(tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "PATH" not in child and "HOME" not in child
     # extra_env goes on top of env (that is how the tag got there).
     assert child[TAG_VAR] == tag
-    # What else is there is corral's: its own variables and PYTHONUNBUFFERED.
-    assert {k for k in child if not k.startswith("CORRAL_")} == {"A", "PYTHONUNBUFFERED"}
+    # What else is there is corral's: its own variables and its start-up hook.
+    assert {k for k in child if not k.startswith("CORRAL_")} == {"A", "PYTHONPATH"}
+    assert child["PYTHONPATH"] == _childenv.HOOK_DIR
 
 
 async def test_extra_env_overlays(tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -694,12 +696,19 @@ async def test_extra_env_overlays(tag: str, monkeypatch: pytest.MonkeyPatch) -> 
         assert child["CORRAL_COMPAT_OVERRIDE"] == "new"
         assert "CORRAL_COMPAT_REMOVE" not in child
         assert child["PATH"] == os.environ["PATH"]
-        assert child["PYTHONUNBUFFERED"] == "1"
+        # No PYTHONUNBUFFERED: prompt lines from corral's start-up hook instead.
+        assert "PYTHONUNBUFFERED" not in child
+        assert child["PYTHONPATH"].split(os.pathsep)[0] == _childenv.HOOK_DIR
+        assert child[_childenv.FLUSH_EVERY] == str(_childenv.FLUSH_INTERVAL)
         # Naming PYTHONUNBUFFERED (even to remove it) leaves it to the caller.
-        done = await r.run(
-            ["env", "-0"], stdout=PIPE, extra_env={TAG_VAR: tag, "PYTHONUNBUFFERED": None}
-        )
-        assert "PYTHONUNBUFFERED" not in parse_env(done.stdout)
+        for value in (None, "1"):
+            done = await r.run(
+                ["env", "-0"], stdout=PIPE, extra_env={TAG_VAR: tag, "PYTHONUNBUFFERED": value}
+            )
+            child = parse_env(done.stdout)
+            assert child.get("PYTHONUNBUFFERED") == value
+            assert _childenv.HOOK_DIR not in child.get("PYTHONPATH", "")
+            assert _childenv.FLUSH_EVERY not in child
     # The launcher's own environment is untouched.
     assert os.environ["CORRAL_COMPAT_OVERRIDE"] == "old"
     assert os.environ["CORRAL_COMPAT_REMOVE"] == "gone"

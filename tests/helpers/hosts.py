@@ -409,7 +409,13 @@ class _Output:
 class _Daemon:
     """A daemon run in the foreground as our child, with its stdout and stderr as one stream."""
 
-    def __init__(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         self.name = name
         # A session of its own: a Ctrl-C meant for pytest must not reach the daemon before the
         # fixture's teardown does.
@@ -420,6 +426,7 @@ class _Daemon:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
         assert self.proc.stdout is not None
         self.output = _Output(name, self.proc.stdout)

@@ -29,6 +29,7 @@ from tests.programs import path, program
 import corral
 from corral._cli._main import main
 from corral._cli._torchrun import TORCHRUN_FLAGS
+from corral._sys import _childenv
 
 # One loop (tests/helpers/loops.py): what workers find in their environment, and what their
 # error files say, is the same whatever the launcher's loop.
@@ -80,8 +81,9 @@ DELIBERATE = {
 }
 #: Set by torchrun in its own environment (its --signals-to-handle), which workers inherit.
 TORCHRUN_ONLY = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
-#: corral's word for torchrun's ``python -u`` (set for every child unless the user set it).
-CORRAL_ONLY = {"PYTHONUNBUFFERED"}
+#: corral's answer to torchrun's ``python -u``: its start-up hook first on ``PYTHONPATH``
+#: (prompt lines, block-buffered; for every child that names no ``PYTHONUNBUFFERED``).
+CORRAL_ONLY = {"PYTHONPATH"}
 
 #: What a torchrun user's shell does not have (a launcher nested in a launcher would).
 NOT_IN_THE_SHELL = (
@@ -163,7 +165,7 @@ def test_worker_environment_is_torchruns(tmp_path: Path, tag: str) -> None:
         ours_only = {k for k in c if not k.startswith("CORRAL_")} - set(t)
         theirs_only = set(t) - set(c)
         assert ours_only == CORRAL_ONLY, ours_only
-        assert c["PYTHONUNBUFFERED"] == "1"
+        assert c["PYTHONPATH"].split(os.pathsep)[0] == _childenv.HOOK_DIR
         assert theirs_only == TORCHRUN_ONLY, theirs_only
         assert set(t) - TORCHRUN_ONLY == TORCHRUN_VARIABLES
         for name in SAME_VALUE:

@@ -4,10 +4,10 @@ A Python child's stdout is a pipe, which Python block-buffers.  The runner puts 
 start-up hook (``corral/_startup/sitecustomize.py``) first on a Python child's
 ``PYTHONPATH``: a thread flushes the child's stdout and stderr every 20 ms, at exit, before
 ``os._exit`` and ``os.abort``, and before a fork.  These tests run real children
-(``prompt_child.py``) and check what that promises: lines come within a bound of their
-print, nothing printed before a crash is lost, a SIGKILL loses only the last moments, a
-fork writes nothing twice, and a ``sitecustomize`` of the user's still runs.  What it costs
-is measured by ``bench/prompt.py``, not here.
+(``tests/programs/prompt_child.py``) and check what that promises: lines come within a
+bound of their print, nothing printed before a crash is lost, a SIGKILL loses only the
+last moments, a fork writes nothing twice, and a ``sitecustomize`` of the user's still runs.
+What it costs is measured by ``bench/prompt.py``, not here.
 
 The event loop is not the subject (the hook lives in the child): one loop.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,13 +25,14 @@ from pathlib import Path
 import anyio
 import pytest
 from tests.helpers.processes import TAG_VAR, ListHandler
+from tests.programs import path
 
 import corral
 from corral._sys import _childenv
 
 pytestmark = pytest.mark.anyio
 
-CHILD = str(Path(__file__).with_name("prompt_child.py"))
+CHILD = str(path("prompt_child"))
 #: How long after its print a line may reach the handlers here: the hook flushes every
 #: 20 ms; the rest is room for a loaded machine.  A block-buffered child without the hook
 #: sends nothing until it has 8 KiB or exits.
@@ -114,6 +116,19 @@ async def test_a_sigkill_loses_only_the_last_moments(tag: str) -> None:
     assert lost < 1.0, f"the lines of the last {lost:.2f} s before the SIGKILL are lost"
 
 
+async def test_the_hooks_thread_takes_no_signal(tag: str) -> None:
+    """A child that blocks a signal in its main thread to sigwait() for it gets it: the
+    flushing thread blocks every signal, so the kernel never hands one to it (where the
+    default action, for SIGUSR1, would have killed the process)."""
+    logs = ListHandler()
+    async with corral.open_runner(console=False, handlers=[logs]) as r:
+        proc = await start(r, tag, "sigwait")
+        assert await logs.wait_for(lambda: "ready" in logs.lines("corral.child"), PROMPT + 5)
+        proc.send_signal(signal.SIGUSR1)
+        assert await proc.wait() == 0
+    assert logs.lines("corral.child") == ["ready", "got it"]
+
+
 async def test_a_fork_writes_nothing_twice(tag: str) -> None:
     logs = ListHandler()
     async with corral.open_runner(console=False, handlers=[logs]) as r:
@@ -151,3 +166,22 @@ def test_the_hook_is_first_on_pythonpath_once() -> None:
     empty: dict[bytes, bytes] = {}
     _childenv.prompt_lines(empty)
     assert empty[b"PYTHONPATH"] == hook
+
+
+async def test_the_runner_gives_a_child_the_hook_unless_it_names_pythonunbuffered(
+    tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default: a child that names no PYTHONUNBUFFERED gets the hook (and a launcher
+    whose own environment has it passes it on, as it passes any variable)."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    logs = ListHandler()
+    async with corral.open_runner(console=False, handlers=[logs]) as r:
+        await r.run([sys.executable, CHILD, "path"], name="child", extra_env={TAG_VAR: tag})
+        monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+        await r.run([sys.executable, CHILD, "path"], name="named", extra_env={TAG_VAR: tag})
+    (hooked_child,) = logs.lines("corral.child")
+    (named,) = logs.lines("corral.named")
+    path = json.loads(hooked_child)["PYTHONPATH"].split(os.pathsep)
+    assert path == [_childenv.HOOK_DIR, "/elsewhere"]
+    assert json.loads(named)["PYTHONPATH"] == "/elsewhere"

@@ -984,6 +984,108 @@ async def test_websocket_needs_the_token_and_its_own_origin() -> None:
             await client.aclose()
 
 
+PROXY = "https://ci.example.com"
+ORIGIN_REFUSED = b"forbidden: this origin is not allowed (see monitor_origins)\n"
+
+
+@pytest.mark.timeout(20)
+async def test_monitor_origins_lets_a_proxys_pages_in_and_nothing_else() -> None:
+    """``monitor_origins``: the origins of a reverse proxy's pages, let in besides the
+    monitor's own, with the token still needed; refusals say which check refused."""
+    options = {"monitor": LOOPBACK, "monitor_origins": [PROXY, "http://Proxy.test:8080"]}
+    async with corral.open_runner(name="demo", console=False, **options) as r:
+        url = r.monitor_url
+        assert url is not None
+        # Named, or the same origin spelled otherwise (case, the scheme's own port).
+        for origin in [PROXY, "https://CI.example.com:443", "http://proxy.test:8080"]:
+            client = await MonitorClient.connect(url, origin=origin)
+            hello = await client.recv()
+            assert hello is not None and hello["type"] == "hello", origin
+            await client.aclose()
+        # Another scheme, port or name; a path; "null": not named.
+        for origin in [
+            "http://ci.example.com",
+            "https://ci.example.com:8443",
+            "https://evil.example.com",
+            "http://proxy.test",
+            "null",
+        ]:
+            with pytest.raises(Refused) as caught:
+                await MonitorClient.connect(url, origin=origin)
+            assert caught.value.status == 403, origin
+            assert caught.value.body == ORIGIN_REFUSED
+        # The token is needed all the same, and the refusal says so.
+        with pytest.raises(Refused) as caught:
+            await MonitorClient.connect(with_query(url, token="guess"), origin=PROXY)
+        assert (caught.value.status, caught.value.body) == (
+            403,
+            b"forbidden: wrong or missing token\n",
+        )
+
+
+@pytest.mark.timeout(20)
+async def test_the_page_asks_why_it_cannot_connect() -> None:
+    """What the page asks when its WebSocket failed: its own origin as ``check_origin``
+    (a browser sends no Origin header with a plain GET of its own site)."""
+    async with corral.open_runner(
+        name="demo", monitor=LOOPBACK, monitor_origins=[PROXY], console=False
+    ) as r:
+        url = r.monitor_url
+        assert url is not None
+        port = port_of(url)
+        asked = [
+            (with_query(url, check_origin=PROXY), 200, b"ok\n"),
+            (with_query(url, check_origin=f"http://127.0.0.1:{port}"), 200, b"ok\n"),
+            (
+                with_query(url, check_origin="https://elsewhere.example"),
+                403,
+                ORIGIN_REFUSED,
+            ),
+            (
+                with_query(url, token="old", check_origin=PROXY),
+                403,
+                b"forbidden: wrong or missing token\n",
+            ),
+        ]
+        for target, status, body in asked:
+            assert (await http_get(target))[::2] == (status, body), target
+
+
+@pytest.mark.parametrize(
+    ("origins", "error"),
+    [
+        ("https://ci.example.com", TypeError),
+        (["https://ci.example.com/corral/"], ValueError),
+        (["ci.example.com"], ValueError),
+        (["ftp://ci.example.com"], ValueError),
+        (["https://user@ci.example.com"], ValueError),
+        (["null"], ValueError),
+        ([8080], TypeError),
+    ],
+)
+def test_a_bad_monitor_origin_is_refused_at_once(origins: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="origin"):
+        corral.open_runner(monitor=LOOPBACK, monitor_origins=origins)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="give monitor="):
+        corral.open_runner(monitor_origins=[PROXY])
+
+
+def test_corral_run_takes_monitor_origins(tmp_path: Path) -> None:
+    for args, said in [
+        (["--monitor", LOOPBACK, "--monitor-origin", "https://x.example/path"], "not an origin"),
+        (["--monitor-origin", PROXY], "give --monitor too"),
+    ]:
+        out = subprocess.run(
+            corral_argv("run", *args, "--", "true"),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+        assert "--monitor-origin" in out.stderr
+
+
 async def _garbage(port: int) -> None:
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
         await stream.send(b"this is not HTTP\r\n\r\n")
@@ -1218,11 +1320,17 @@ async def test_a_silent_peer_does_not_hold_up_the_end(peer: str) -> None:
 
 @contextmanager
 def launcher(
-    tmp_path: Path, backend: str, name: str = "demo", env: dict[str, str] | None = None
+    tmp_path: Path,
+    backend: str,
+    name: str = "demo",
+    env: dict[str, str] | None = None,
+    runner: dict[str, Any] | None = None,
 ) -> Iterator[Child]:
     """A runner with a monitor in another process (``tests/programs/launcher.py``, its
-    children ``echo.py`` and ``flood.py``); ``.url`` is set."""
-    config = {"runner": {"name": name, "monitor": LOOPBACK}, "console": True, "counting": True}
+    children ``echo.py`` and ``flood.py``); ``.url`` is set.  ``runner``: more keywords of
+    ``open_runner``."""
+    options = {"name": name, "monitor": LOOPBACK, **(runner or {})}
+    config = {"runner": options, "console": True, "counting": True}
     argv = program("launcher", backend, json.dumps(config))
     with launched(Child, argv, tmp_path / f"launcher-{name}", env=env) as child:
         yield child

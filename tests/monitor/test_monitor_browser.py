@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,12 +25,14 @@ import pytest
 from playwright.sync_api import BrowserContext, Page, Route, WebSocketRoute, sync_playwright
 from tests.helpers.commands import Child, corral_argv
 from tests.helpers.processes import TAG_VAR
+from tests.helpers.proxy import free_socket, nginx
 from tests.monitor.test_monitor import (
     LOOPBACK,
     ROOT,
     has_lines,
     launcher,
     plain_env,
+    port_of,
 )
 from tests.programs import program
 
@@ -199,7 +202,8 @@ def test_the_page_follows_a_live_runner(tmp_path: Path, anyio_backend: str) -> N
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_page_says_so_when_the_runner_is_gone(tmp_path: Path, tag: str) -> None:
-    """Killed, a runner sends no "end": the page sees its monitor go and says it ended."""
+    """Killed, a runner sends no "end": the page sees its monitor go, says that nothing
+    answers there any more and keeps trying, but never that the runner has ended."""
     env = {**os.environ, TAG_VAR: tag}  # the tag fixture checks that no child outlives it
     with launcher(tmp_path, "asyncio", env=env) as runner, chromium(tmp_path) as browser:
         runner.command("start", "web")
@@ -209,8 +213,111 @@ def test_the_page_says_so_when_the_runner_is_gone(tmp_path: Path, tag: str) -> N
         runner.proc.send_signal(signal.SIGKILL)
         runner.proc.wait()
         page.wait_for_selector("#status.closed")
-        assert page.text_content("#status") == "ended (connection closed)"
-        assert page.is_visible("#ended-banner")
+        assert page.text_content("#status") == "disconnected"
+        lost = page.text_content("#lost-banner") or ""
+        assert lost.startswith("Lost the monitor: nothing answers at 127.0.0.1:"), lost
+        assert "connection refused" in lost and lost.endswith("trying again."), lost
+        assert not page.is_visible("#ended-banner")
+
+
+# -- behind a reverse proxy --------------------------------------------------------------------
+
+
+def _through(base: str, url: str) -> str:
+    """The monitor's page ``url`` as the proxy at ``base`` serves it (the token kept)."""
+    return base + "?" + urllib.parse.urlsplit(url).query
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_page_behind_nginx(tmp_path: Path, anyio_backend: str, tag: str) -> None:
+    """Debian's nginx at ``/corral/`` on a port of its own, the usual WebSocket recipe, and
+    the proxy's origin named in ``monitor_origins``: the page is live through it."""
+    listening = free_socket()
+    origin = f"http://127.0.0.1:{listening.getsockname()[1]}"
+    env = {**os.environ, TAG_VAR: tag}
+    options = {"monitor_origins": [origin]}
+    with (
+        listening,
+        launcher(tmp_path, anyio_backend, env=env, runner=options) as runner,
+        nginx(tmp_path / "nginx", listening, port_of(runner.url)) as base,
+        chromium(tmp_path) as browser,
+    ):
+        runner.command("start", "web")
+        runner.command("say", "web", "out through the proxy")
+        page = browser.new_page()
+        page.goto(_through(base, runner.url))
+        page.wait_for_selector('#processes tr[data-name="web"][data-state="running"]')
+        page.wait_for_selector('#log .row:has-text("through the proxy")')
+        assert page.text_content("#status") == "live"
+        assert not page.is_visible("#lost-banner")
+        runner.command("say", "web", "out after the page came")
+        page.wait_for_selector('#log .row:has-text("after the page came")')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["origin-not-named", "no-websocket-recipe"])
+def test_the_page_behind_nginx_says_why_it_cannot_connect(
+    tmp_path: Path, tag: str, case: str
+) -> None:
+    """Each reason the page's WebSocket fails behind a proxy, said as it is, with what to do;
+    "the runner has ended" never (it has not)."""
+    listening = free_socket()
+    origin = f"http://127.0.0.1:{listening.getsockname()[1]}"
+    env = {**os.environ, TAG_VAR: tag}
+    options = {} if case == "origin-not-named" else {"monitor_origins": [origin]}
+    with (
+        listening,
+        launcher(tmp_path, "asyncio", env=env, runner=options) as runner,
+        nginx(
+            tmp_path / "nginx",
+            listening,
+            port_of(runner.url),
+            websocket=case != "no-websocket-recipe",
+        ) as base,
+        chromium(tmp_path) as browser,
+    ):
+        runner.command("start", "web")
+        page = browser.new_page()
+        page.goto(_through(base, runner.url))
+        page.wait_for_selector("#status.closed")
+        lost = page.text_content("#lost-banner") or ""
+        status = page.text_content("#status")
+        assert not page.is_visible("#ended-banner")
+        if case == "origin-not-named":
+            assert status == "refused", status
+            assert f"does not let pages from {origin} connect" in lost, lost
+            assert f'monitor_origins=["{origin}"]' in lost, lost
+            assert f"--monitor-origin {origin}" in lost, lost
+        else:
+            assert status == "cannot connect", status
+            assert "must pass WebSocket upgrades" in lost and lost.endswith("again."), lost
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_page_of_a_run_gone_says_the_next_run_refuses_its_token(
+    tmp_path: Path, tag: str
+) -> None:
+    """A run killed, and another on the same port: the page of the first comes back to a
+    monitor that refuses its token, and says so (not that the runner ended)."""
+    env = {**os.environ, TAG_VAR: tag}
+    with chromium(tmp_path) as browser:
+        with launcher(tmp_path, "asyncio", env=env) as first:
+            page = browser.new_page()
+            page.goto(first.url)
+            page.wait_for_selector("#status.live")
+            address = f"127.0.0.1:{port_of(first.url)}"
+            first.proc.send_signal(signal.SIGKILL)
+            first.proc.wait()
+        page.wait_for_selector("#status.closed")
+        options = {"monitor": address}
+        with launcher(tmp_path, "asyncio", name="next", env=env, runner=options):
+            page.wait_for_selector('#status:has-text("refused")', timeout=20_000)
+        lost = page.text_content("#lost-banner") or ""
+        assert "refused this page's token" in lost, lost
+        assert not page.is_visible("#ended-banner")
 
 
 # -- the page's logic, with a scripted server --------------------------------------------------
@@ -490,7 +597,10 @@ def test_the_page_at_its_ends(tmp_path: Path, ending: str) -> None:
             page.route_web_socket("ws://monitor.test/**", lambda ws: ws.close())
             server.connections[-1].close()
             page.wait_for_selector("#status.closed")
-        page.wait_for_selector("#ended-banner", state="visible")
+            # Nothing said the runner ended: the page says it lost the monitor, and why.
+            assert not page.is_visible("#ended-banner")
+        banner = "#ended-banner" if ending == "end" else "#lost-banner"
+        page.wait_for_selector(banner, state="visible")
         assert page.text_content("#log .row:last-child").endswith("line 201")
         assert page.locator("#log").evaluate(LAST_ROW_VISIBLE)
         # And still after the window narrows.

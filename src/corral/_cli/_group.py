@@ -97,6 +97,8 @@ class Output:
     colour: bool | None
     status: bool
     monitor: str | None = None
+    #: Origins of pages besides the monitor's own that may connect (``--monitor-origin``).
+    monitor_origins: tuple[str, ...] = ()
     #: The children's text reaches the terminal as it is (``--raw``).
     raw: bool = False
     #: Lines the log files missed do not make the exit code 1 (``--allow-log-loss``).
@@ -141,12 +143,19 @@ class Output:
                     param_hint="--log-dir",
                 ) from None
         usage = not meta.get(_NO_USAGE, False)
+        origins = tuple(meta.get(_MONITOR_ORIGINS, ()))
+        if origins and monitor is None:
+            raise click.BadParameter(
+                "names pages that may reach a monitor: give --monitor too",
+                param_hint="--monitor-origin",
+            )
         return cls(
             log_dir,
             not no_prefix,
             colour,
             not no_status,
             _monitor(monitor),
+            monitor_origins=origins,
             raw=raw,
             allow_log_loss=allow_log_loss,
             contain=not no_contain,
@@ -220,6 +229,15 @@ def output_options(func: Any) -> Any:
                 help="Serve a live monitor (a page and a WebSocket) here, e.g. 127.0.0.1:0.",
             ),
             click.option(
+                "--monitor-origin",
+                metavar="ORIGIN",
+                multiple=True,
+                expose_value=False,
+                callback=_monitor_origins,
+                help="Let the monitor's page connect from this origin too: a reverse proxy's "
+                "address, https://HOST[:PORT] (repeatable; see docs/howto/monitor).",
+            ),
+            click.option(
                 "--no-contain",
                 is_flag=True,
                 help="Stop process groups only: leave what left its group (a daemon) running.",
@@ -245,6 +263,19 @@ _NO_USAGE = "corral.no_usage"
 def _no_usage(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     ctx.meta[_NO_USAGE] = value
     return value
+
+
+#: Where ``--monitor-origin`` is kept, in the command's context (read by :meth:`Output.of`).
+_MONITOR_ORIGINS = "corral.monitor_origins"
+
+
+def _monitor_origins(ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> None:
+    from .._monitor._server import parse_origin
+
+    try:
+        ctx.meta[_MONITOR_ORIGINS] = tuple(parse_origin(value) for value in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--monitor-origin") from None
 
 
 def _monitor(address: str | None) -> str | None:

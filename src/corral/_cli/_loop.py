@@ -188,6 +188,7 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
                     log_dir=output.log_dir,
                     handle_signals=True,
                     monitor=output.monitor,
+                    monitor_origins=output.monitor_origins,
                     contain=output.contain,
                     subreaper=output.contain,
                     usage=output.usage,

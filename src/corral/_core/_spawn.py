@@ -13,8 +13,9 @@ spawns from the same record) into a running child:
   (``ENFILE``), naming the limit, the child and how many run;
 * it builds the environment: ``env`` replaces the launcher's, ``extra_env``
   lays variables over it (a ``None`` value removes one), and corral adds its
-  own (``PYTHONUNBUFFERED=1`` unless set, the log socket, the handshake, the
-  lifeline's marker);
+  own (its start-up hook for prompt lines unless ``PYTHONUNBUFFERED`` is
+  named: :func:`corral._sys._childenv.prompt_lines`; the log socket, the
+  handshake, the lifeline's marker);
 * it tells the lifeline before and after, so that even a launcher killed in
   the middle of a spawn leaves no child behind;
 * and it reserves the descriptors a child needs after its spawn (its pidfd,
@@ -210,13 +211,14 @@ class Spawner:
         else:
             env = dict(os.environb)
         overrides = spec.extra_env or {}
-        if b"PYTHONUNBUFFERED" not in env and b"PYTHONUNBUFFERED" not in overrides:
-            env[b"PYTHONUNBUFFERED"] = b"1"
+        prompt = b"PYTHONUNBUFFERED" not in env and b"PYTHONUNBUFFERED" not in overrides
         for key, value in overrides.items():
             if value is None:
                 env.pop(key, None)
             else:
                 env[key] = value
+        if prompt:  # a Python child's prints come promptly, block-buffered
+            _childenv.prompt_lines(env)
         # The launcher's own handshake and marker variables are not the child's.
         for variable in (_childenv.STARTED_FD, _childenv.STARTED_PIPE):
             env.pop(variable.encode(), None)

@@ -13,7 +13,8 @@ the WebSocket library of the running loop: trio-websocket on Trio, the
 connection — the page, the WebSocket — must carry the access token
 (``?token=``, compared in constant time); a missing or wrong one is refused
 with ``403`` and no data.  A browser's ``Origin`` must be the monitor's own
-page: its port, and a name that cannot be made to point elsewhere.  Before
+page: its port, and a name that cannot be made to point elsewhere; or one of
+``monitor_origins`` (a reverse proxy's pages).  Before
 its token is checked a connection costs next to nothing: it may send a
 request of at most :data:`MAX_REQUEST` bytes within
 :data:`HANDSHAKE_TIMEOUT` seconds, and of :data:`MAX_HANDSHAKES` such

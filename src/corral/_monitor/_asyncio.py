@@ -58,13 +58,10 @@ async def serve_asyncio(monitor: Monitor) -> None:
     async def process_request(connection: ServerConnection, request: Request) -> Response | None:
         monitor.handshake_ends(connection)
         headers = request.headers
-        allowed, source, level = monitor.check(request.path, headers.get("Origin"))
-        if not allowed:
-            return _response(403, b"forbidden\n", "text/plain")
-        if request.headers.get("Upgrade", "").lower() != "websocket":
-            return _response(200, monitor.page(), "text/html; charset=utf-8")
-        if monitor.full():
-            return _response(503, b"too many clients\n", "text/plain")
+        websocket = headers.get("Upgrade", "").lower() == "websocket"
+        reply, source, level = monitor.answer(request.path, headers.get("Origin"), websocket)
+        if reply is not None:
+            return _response(*reply)
         assert isinstance(connection, Connection)
         joined = await monitor.join(source, level)
         if connection.lost:

@@ -16,7 +16,7 @@ import socket
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -42,7 +42,9 @@ __all__ = [
     "Monitor",
     "bound_send_buffer",
     "end_state",
+    "check_origins",
     "parse_address",
+    "parse_origin",
     "process_info",
     "run_status",
 ]
@@ -116,6 +118,58 @@ def parse_address(address: str | bool) -> tuple[str, int]:
     return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
+def parse_origin(origin: str) -> str:
+    """``origin`` as a browser sends it in its ``Origin`` header: ``scheme://host[:port]``.
+
+    Lower-cased, without the scheme's default port (``https://Example.com:443``
+    is ``https://example.com``); ``ValueError`` for anything else (a path, a
+    query, a user, another scheme than http and https, ``null``).
+    """
+    if not isinstance(origin, str):
+        raise TypeError(f"an origin is a str ('https://host[:port]'), not {type(origin).__name__}")
+    parts = urllib.parse.urlsplit(origin.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    scheme = parts.scheme.lower()
+    if (
+        scheme not in ("http", "https")
+        or not parts.hostname
+        or port == -1
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError(
+            f"not an origin: {origin!r} (expected 'https://HOST' or 'http://HOST:PORT', the "
+            "scheme, name and port of the pages' address, without a path)"
+        )
+    host = parts.hostname.lower()
+    host = f"[{host}]" if ":" in host else host
+    default = 443 if scheme == "https" else 80
+    return f"{scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
+
+
+def check_origins(origins: Iterable[str]) -> frozenset[str]:
+    """``monitor_origins=``: the origins of pages (a reverse proxy's) let in, normalised."""
+    if isinstance(origins, str):
+        raise TypeError(
+            f"monitor_origins is a list of origins, not a str: [{origins!r}], not {origins!r}"
+        )
+    return frozenset(parse_origin(origin) for origin in origins)
+
+
+#: What a request that does not become a WebSocket is answered: (status, body, content type).
+Reply = tuple[int, bytes, str]
+
+_TEXT: Final = "text/plain; charset=utf-8"
+#: The query parameter by which the page asks whether its origin would be let in (the
+#: browser sends no ``Origin`` header with a plain ``GET`` of its own site).
+_PROBE: Final = "check_origin"
+
+
 def end_state(returncode: int, stop_requested: bool) -> str:
     """How a run of a process ended, in the words of the monitor, its page and the command.
 
@@ -180,8 +234,10 @@ class Joined:
 class Monitor:
     """The monitor of one runner (see the module's docs)."""
 
-    def __init__(self, address: str | bool, runner_name: str) -> None:
+    def __init__(self, address: str | bool, runner_name: str, origins: Iterable[str] = ()) -> None:
         self.host, self.port = parse_address(address)
+        #: Origins let in besides the monitor's own (a reverse proxy's pages).
+        self.origins = check_origins(origins)
         self.token = secrets.token_urlsafe(18)
         self._runner_name = runner_name
         self._log_path: str | None = None
@@ -308,32 +364,58 @@ class Monitor:
             self._page = resources.files("corral._monitor").joinpath("page.html").read_bytes()
         return self._page
 
-    def check(self, target: str, origin: str | None) -> tuple[bool, str, int]:
-        """Whether a request may proceed: (allowed, source filter, level filter).
+    def answer(
+        self, target: str, origin: str | None, websocket: bool
+    ) -> tuple[Reply | None, str, int]:
+        """What to answer a request: ``(reply, source filter, level filter)``.
 
-        ``origin`` is the request's ``Origin`` header (a browser sends one).
+        ``reply`` is ``None`` when the WebSocket is to be taken.  ``origin`` is
+        the request's ``Origin`` header (a browser sends one with a WebSocket).
+        A refusal says which check refused (the token or the origin), nothing
+        about the runner.  A page whose WebSocket failed asks why with
+        ``check_origin=`` its own origin: ``200`` if the token and that origin
+        would be let in (and there is room), else the refusal.
         """
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
         token = (query.get("token") or [""])[0]
         if not hmac.compare_digest(token.encode(), self.token.encode()):
-            return False, "*", 0
+            return (403, b"forbidden: wrong or missing token\n", _TEXT), "*", 0
+        probe = None if websocket else next(iter(query.get(_PROBE, ())), None)
+        if origin is None:
+            origin = probe
         if origin is not None and not self._origin_allowed(origin):
-            return False, "*", 0
+            refused = b"forbidden: this origin is not allowed (see monitor_origins)\n"
+            return (403, refused, _TEXT), "*", 0
+        if websocket or probe is not None:
+            if self.full():
+                return (503, b"too many clients\n", _TEXT), "*", 0
+            if probe is not None:
+                return (200, b"ok\n", _TEXT), "*", 0
+        else:
+            return (200, self.page(), "text/html; charset=utf-8"), "*", 0
         source = (query.get("source") or ["*"])[0] or "*"
         try:
             level = int((query.get("level") or ["0"])[0])
         except ValueError:
             level = level_number((query.get("level") or ["0"])[0])
-        return True, source, level
+        return None, source, level
 
     def _origin_allowed(self, origin: str) -> bool:
-        """A browser may connect only from the monitor's own page.
+        """A browser may connect only from the monitor's own page, or one of :attr:`origins`.
 
-        That page's origin is ``http://NAME:PORT`` with the monitor's port,
+        The own page's origin is ``http://NAME:PORT`` with the monitor's port,
         and NAME one that cannot be made to point elsewhere (DNS rebinding):
         the address the monitor listens on, loopback, ``localhost`` or this
         machine's own names; any IP address when it listens on all of them.
+        A page served through a reverse proxy has the proxy's origin, which
+        only :attr:`origins` (``monitor_origins=``) names.
         """
+        if self.origins:
+            try:
+                if parse_origin(origin) in self.origins:
+                    return True
+            except ValueError:
+                return False
         parts = urllib.parse.urlsplit(origin)
         try:
             port = parts.port

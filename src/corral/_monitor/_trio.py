@@ -65,16 +65,10 @@ async def serve_trio(monitor: Monitor) -> None:
             return
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
         target = request.target.decode()
-        allowed, source, level = monitor.check(target, headers.get("origin"))
         websocket = headers.get("upgrade", "").lower() == "websocket"
-        if not allowed or not websocket or monitor.full():
-            status, body, kind = (
-                (403, b"forbidden\n", "text/plain")
-                if not allowed
-                else (200, monitor.page(), "text/html; charset=utf-8")
-                if not websocket
-                else (503, b"too many clients\n", "text/plain")
-            )
+        reply, source, level = monitor.answer(target, headers.get("origin"), websocket)
+        if reply is not None:
+            status, body, kind = reply
             response = h11.Response(
                 status_code=status,
                 headers=[
@@ -84,10 +78,10 @@ async def serve_trio(monitor: Monitor) -> None:
                     ("Connection", "close"),
                 ],
             )
-            reply = conn.send(response) or b""
-            reply += conn.send(h11.Data(data=body)) or b""
-            reply += conn.send(h11.EndOfMessage()) or b""
-            await stream.send_all(reply)
+            data = conn.send(response) or b""
+            data += conn.send(h11.Data(data=body)) or b""
+            data += conn.send(h11.EndOfMessage()) or b""
+            await stream.send_all(data)
             await stream.aclose()
             return
         joined = await monitor.join(source, level)

@@ -50,6 +50,7 @@ class RunnerOptions(TypedDict, total=False):
     propagate: bool
     handle_signals: bool | None
     monitor: str | bool | None
+    monitor_origins: Sequence[str]
     contain: bool
     subreaper: bool
     usage: bool
@@ -71,6 +72,7 @@ class RunnerSpec:
     propagate: bool = False
     handle_signals: bool | None = None
     monitor: str | bool | None = None
+    monitor_origins: Sequence[str] = ()
     contain: bool = True
     subreaper: bool = False
     usage: bool = True
@@ -92,6 +94,8 @@ class RunnerSpec:
             raise ValueError(f"runner name {name!r} may not contain a dot: it starts every source")
         if self.handle_signals not in (None, True, False):
             raise TypeError("handle_signals must be None, True or False")
+        if self.monitor_origins and self.monitor in (None, False):
+            raise ValueError("monitor_origins= names pages that may reach a monitor: give monitor=")
         return dataclasses.replace(
             self, grace=check_grace(self.grace), stop_signal=check_signal(self.stop_signal)
         )

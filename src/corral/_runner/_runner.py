@@ -96,7 +96,7 @@ class Runner:
             from .._monitor._clients import MonitorSink
             from .._monitor._server import Monitor
 
-            self._monitor = Monitor(monitor, name)
+            self._monitor = Monitor(monitor, name, spec.monitor_origins)
             routes.append(Route(MonitorSink(self._monitor)))
         self._hub = LogHub(
             name,
@@ -239,9 +239,11 @@ class Runner:
                 in :mod:`subprocess`).
             extra_env: variables to set on top of the environment (the
                 launcher's, or ``env``); a ``None`` value removes one.
-                ``PYTHONUNBUFFERED=1`` is set unless either names it, so that
-                Python children's prints arrive promptly.  corral adds its
-                own ``CORRAL_*`` variables in every case.
+                Unless either names ``PYTHONUNBUFFERED``, corral's start-up
+                hook goes first on ``PYTHONPATH``, so that a Python child's
+                prints arrive within 20 ms, block-buffered (see "Every log
+                line in one place").  corral adds its own ``CORRAL_*``
+                variables in every case.
             cwd: the child's working directory.
             check: whether a non-zero exit (or death by a signal nobody asked
                 for) is a failure that stops the runner and raises
@@ -586,6 +588,10 @@ def open_runner(**options: Unpack[RunnerOptions]) -> Runner:
             free port.  An address that cannot be had (a port in use, an
             address this machine does not have) makes entering raise an
             :exc:`OSError` that names it and the reason, within 10 seconds.
+        monitor_origins: the origins (``"https://HOST[:PORT]"``) of pages
+            that may connect to the monitor besides its own: a reverse
+            proxy's, which serves the page at its own address (see
+            :ref:`monitor-proxy`).  Nothing else widens who may connect.
         contain: start the children in a cgroup of the runner's own where one
             can be made, so that what leaves their process groups (a ``setsid``
             daemon) is stopped with them (see :doc:`howto/containment`).

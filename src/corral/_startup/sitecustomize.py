@@ -23,9 +23,9 @@ What a process loses that ``PYTHONUNBUFFERED=1`` would have kept: the last
 says so beside the other settings.
 
 Every Python child pays for this at start-up, whatever it runs: it imports
-nothing that Python has not loaded by then but ``_thread`` (built in).  The
-program sees the module as ``sitecustomize``; its folder is taken off
-``sys.path`` again (it holds nothing else).
+nothing that Python has not loaded by then but ``_thread`` and ``_signal``
+(built in).  The program sees the module as ``sitecustomize``; its folder is
+taken off ``sys.path`` again (it holds nothing else).
 """
 
 from __future__ import annotations
@@ -61,9 +61,20 @@ class _Flusher:
         self.start()
 
     def start(self) -> None:
+        import _signal  # type: ignore[import-not-found]  # built in; signal would load enum
+
         self._stop = False
         self._lock = self._thread.allocate_lock()  # held while the thread flushes
-        self._thread.start_new_thread(self._run, ())
+        # The thread is born with every signal blocked (it inherits this thread's
+        # mask): a signal for the process never lands on it, so a program that
+        # blocks one to sigwait() for it, or relies on its default action, sees
+        # no difference.
+        every = _signal.valid_signals()
+        mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, every)
+        try:
+            self._thread.start_new_thread(self._run, ())
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
 
     def _run(self) -> None:
         import time

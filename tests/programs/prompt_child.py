@@ -1,4 +1,4 @@
-"""A Python child for ``test_prompt.py``: prints, block-buffered, in the way ``argv[1]`` says.
+"""A child of ``tests/logs/test_prompt.py``: prints, block-buffered, as ``argv[1]`` says.
 
 ``crash HOW``
     prints ``line 0`` ... ``line 499`` and ``ready``, waits for a line on stdin, prints
@@ -12,6 +12,9 @@
     ``os._exit(0)``; the parent waits for it.
 ``path``
     prints its ``sys.path`` and its ``PYTHONPATH`` as JSON.
+``sigwait``
+    blocks SIGUSR1, prints ``ready``, and 1 s later waits for the signal with ``sigwait``
+    (it comes meanwhile: the kernel keeps it pending) and prints ``got it``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,14 @@ def main() -> None:
             print("child")
             os._exit(0)
         os.waitpid(pid, 0)
+    elif mode == "sigwait":
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        print("ready")
+        time.sleep(1)
+        signal.sigwait({signal.SIGUSR1})
+        print("got it")
     elif mode == "path":
         print(json.dumps({"path": sys.path, "PYTHONPATH": os.environ.get("PYTHONPATH")}))
 
