@@ -10,6 +10,7 @@ anything is started.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -165,7 +166,7 @@ def check_keywords(options: Mapping[str, object], known: Collection[str], what: 
             raise TypeError(f"{what}() got an unexpected keyword argument {key!r}")
 
 
-def with_keywords(options: type[Any]) -> Callable[[F], F]:
+def with_keywords(options: type) -> Callable[[F], F]:
     """Give ``fn(..., **options)`` the signature it has: the fields of the dataclass ``options``.
 
     The keywords are spelled once, as the fields (names, types, defaults) of
@@ -174,13 +175,7 @@ def with_keywords(options: type[Any]) -> Callable[[F], F]:
     evaluated, so ``options``'s module must import at run time every name
     they use.
     """
-    hints = typing.get_type_hints(options)
-    fields = [
-        inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
-        )
-        for f in dataclasses.fields(options)
-    ]
+    fields = _keyword_parameters(options)
 
     def apply(fn: F) -> F:
         signature = inspect.signature(fn)
@@ -191,3 +186,17 @@ def with_keywords(options: type[Any]) -> Callable[[F], F]:
         return fn
 
     return apply
+
+
+@functools.cache
+def _keyword_parameters(options: type) -> tuple[inspect.Parameter, ...]:
+    """The fields of the dataclass ``options`` as keyword-only parameters: once per class
+    (evaluating the annotations is most of a runner's import; each record serves two or more
+    signatures)."""
+    hints = typing.get_type_hints(options)
+    return tuple(
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+        )
+        for f in dataclasses.fields(options)
+    )

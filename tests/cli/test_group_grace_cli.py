@@ -17,10 +17,11 @@ import pytest
 from tests.cli.test_cli import environ
 from tests.helpers.commands import Child, corral_argv
 from tests.helpers.processes import release, still_running, tagged_pids
+from tests.programs import path as program_path
 
 pytestmark = pytest.mark.timeout(60)
 
-GRACEFUL = Path(__file__).parents[1] / "programs" / "graceful.py"
+GRACEFUL = program_path("graceful")
 
 
 def _graceful(out: Path, seconds: float) -> str:

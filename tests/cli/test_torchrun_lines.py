@@ -10,12 +10,14 @@ real); a line it does not is one usage error that names corral's way.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from tests.cli.test_cli import corral, messages
+from tests.programs import path
 
 from corral._cli._main import main
 from corral._cli._run import plan_run, run
@@ -127,14 +129,6 @@ def test_a_pasted_torchrun_line_runs_or_says_corrals_way(
         assert len(str(got["run_id"])) == 36  # a fresh uuid4, as torchrun --standalone makes
 
 
-PROBE = """\
-import os, sys
-print("env", os.environ["RANK"], os.environ["LOCAL_WORLD_SIZE"], os.environ["MASTER_ADDR"],
-      os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_RUN_ID"], *sys.argv[1:])
-print("to stderr", os.environ["RANK"], file=sys.stderr)
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 9], ids=["standalone", "rdzv-endpoint"])
 def test_two_pasted_lines_run(tmp_path: Path, tag: str, index: int) -> None:
@@ -142,7 +136,7 @@ def test_two_pasted_lines_run(tmp_path: Path, tag: str, index: int) -> None:
     assert isinstance(taken, dict)
     args = words(line)
     script = args[-1]
-    (tmp_path / script).write_text(PROBE)
+    shutil.copy(path("torchrun_probe"), tmp_path / script)  # under the name the line uses
     out = corral("run", *args, "arg", cwd=tmp_path, tag=tag)
     assert out.returncode == 0, out.stderr
     seen = [messages(out.stdout.splitlines(), f"agent-0.worker-{r}") for r in (0, 1)]

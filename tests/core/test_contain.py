@@ -32,6 +32,7 @@ from tests.helpers.processes import (
     tagged_pids,
     wait_gone,
 )
+from tests.programs import path as program_path
 
 import corral
 from corral._sys import _cgroup, _contain
@@ -350,7 +351,7 @@ def test_members_are_killed_one_by_one_where_the_kernel_has_no_cgroup_kill(tag: 
         assert cgroup.remove()
 
 
-GRACEFUL = Path(__file__).parents[1] / "programs" / "graceful.py"
+GRACEFUL = program_path("graceful")
 
 
 @pytest.mark.anyio

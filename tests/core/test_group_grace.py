@@ -17,12 +17,13 @@ from pathlib import Path
 import anyio
 import pytest
 from tests.helpers.processes import TAG_VAR, ListHandler, still_running, tagged_pids
+from tests.programs import path as program_path
 
 import corral
 
 pytestmark = pytest.mark.anyio
 
-GRACEFUL = Path(__file__).parents[1] / "programs" / "graceful.py"
+GRACEFUL = program_path("graceful")
 
 
 def _under_sh(out: Path, seconds: float) -> list[str]:

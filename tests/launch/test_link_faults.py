@@ -32,6 +32,7 @@ import cloudpickle
 import pytest
 from tests.helpers.loops import OTHER_LOOP, one_loop
 from tests.helpers.processes import TAG_VAR, ListHandler, tagged_pids, wait_gone
+from tests.programs import as_python, program
 
 import corral
 from corral._launch import _agent, _link
@@ -229,13 +230,12 @@ class Launcher:
 
     def __init__(
         self,
-        script: str,
         cfg: dict[str, Any],
         prefix: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.proc = subprocess.Popen(
-            [*(prefix or []), sys.executable, "-c", script, json.dumps(cfg)],
+            [*(prefix or []), *program("launching", json.dumps(cfg))],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -293,38 +293,38 @@ class Launcher:
             thread.join(5)
 
 
-def launcher(script: str, cfg: dict[str, Any], **more: Any) -> contextlib.closing[Launcher]:
-    """A :class:`Launcher`, closed (killed if it still runs) at the end of the block."""
-    return contextlib.closing(Launcher(script, cfg, **more))
+def launcher(
+    cfg: dict[str, Any], function: str, name: str, *, signals: bool = False, **more: Any
+) -> contextlib.closing[Launcher]:
+    """``tests/programs/launching.py`` launching its ``function`` with ``cfg`` (as
+    :func:`stubborn_cfg` makes it), runner ``name``, taking the signals (``handle_signals``) and
+    saying ``launching`` first if ``signals``; closed (killed if it still runs) at the end."""
+    launch = {"link_timeout": cfg["link_timeout"]}
+    if "hosts" in cfg:
+        launch |= {"hosts": cfg["hosts"], "workers_per_host": cfg["workers"], "ssh": cfg["ssh"]}
+    else:
+        launch["hosts"] = "slurm"
+    runner: dict[str, Any] = {"name": name}
+    if signals:
+        runner |= {"handle_signals": True, "grace": cfg["grace"]}
+    config = {
+        "function": function,
+        "runner": runner,
+        "launch": launch,
+        "say_launching": signals,
+        "backend": cfg.get("backend", "asyncio"),
+        "tag_var": cfg["tag_var"],
+        "tag": cfg["tag"],
+    }
+    return contextlib.closing(Launcher(config, **more))
 
 
-#: A launcher like the ``corral`` command's: it takes the signals (handle_signals=True), and
-#: its workers ignore SIGTERM, so that only SIGKILL at the grace deadline stops them.
-STUBBORN_LAUNCHER = r"""
-import json, os, signal, sys, time, anyio, corral
-
-cfg = json.loads(sys.argv[1])
-
-def stubborn():  # in __main__: goes by value
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
-    time.sleep(1000)
-
-async def main():
-    async with corral.open_runner(name="st", handle_signals=True, grace=cfg["grace"]) as r:
-        print("launching", flush=True)
-        await r.launch(
-            stubborn, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
-            ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
-            link_timeout=cfg["link_timeout"],
-        )
-
-try:
-    anyio.run(main, backend=cfg["backend"])
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-    sys.exit(130)
-"""
+def reported_error(run: Launcher, timeout: float = 30.0) -> str:
+    """The message of the LaunchError the launcher reported (``RAISED``)."""
+    (line,) = run.wait_for("^RAISED ", timeout=timeout)
+    raised = json.loads(line.removeprefix("RAISED "))
+    assert raised["type"] == "LaunchError", raised
+    return str(raised["message"])
 
 
 def stubborn_cfg(ssh_hosts: _hosts.SshHosts, tag: str, backend: str, **more: Any) -> dict[str, Any]:
@@ -354,7 +354,7 @@ def test_ctrl_c_during_a_partition_exits_within_grace(
     link_timeout = 5.0
     cfg = stubborn_cfg(ssh_hosts, tag, backend, link_timeout=link_timeout)
     host = ssh_hosts.hosts[0]
-    with launcher(STUBBORN_LAUNCHER, cfg) as run:
+    with launcher(cfg, "stubborn", "st", signals=True) as run:
         ups = [line.split("| ")[-1] for line in run.wait_for(r"\| up \d+ \d$", 4)]
         on_host_0 = pids_on(ups, 0)
         with host.cut():
@@ -368,31 +368,6 @@ def test_ctrl_c_during_a_partition_exits_within_grace(
     assert tagged_pids(tag) == []
 
 
-#: A launcher that reports the LaunchError it gets, on one line.
-REPORTING_LAUNCHER = r"""
-import json, os, sys, time, anyio, corral
-
-cfg = json.loads(sys.argv[1])
-
-def up():  # in __main__: goes by value
-    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
-    time.sleep(1000)
-
-async def main():
-    async with corral.open_runner(name="rl") as r:
-        try:
-            await r.launch(
-                up, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
-                ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
-                link_timeout=cfg["link_timeout"],
-            )
-        except corral.LaunchError as exc:
-            print("error:", str(exc).replace("\n", " "), flush=True)
-
-anyio.run(main, backend=cfg["backend"])
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_launcher_that_was_stopped_says_so_instead_of_blaming_a_host(
@@ -402,7 +377,7 @@ def test_a_launcher_that_was_stopped_says_so_instead_of_blaming_a_host(
     nothing), and the LaunchError says the launcher was not running, not that a host went
     silent."""
     cfg = stubborn_cfg(ssh_hosts, tag, "trio", workers=1, link_timeout=LINK_TIMEOUT)
-    with launcher(REPORTING_LAUNCHER, cfg) as run:
+    with launcher(cfg, "up_with_pid", "rl") as run:
         ups = [line.split("| ")[-1] for line in run.wait_for(r"\| up \d+ \d$", 2)]
         workers = [int(line.split()[1]) for line in ups]
         run.proc.send_signal(signal.SIGSTOP)
@@ -412,36 +387,11 @@ def test_a_launcher_that_was_stopped_says_so_instead_of_blaming_a_host(
         finally:
             run.proc.send_signal(signal.SIGCONT)
         assert left == [], f"workers {left} outlived their launcher's silence"
-        (error,) = run.wait_for("^error: ")
+        error = reported_error(run)
         assert run.proc.wait(30) == 0, run.text()
     assert "lost the link because this launcher was not running for at least" in error, error
-    assert error.startswith("error: the agent on host "), error
+    assert error.startswith("the agent on host "), error
     assert tagged_pids(tag) == []
-
-
-#: A launcher for a Slurm allocation that reports the LaunchError it gets, on one line; its
-#: workers say their pid, their agent's and their node's group rank.
-SLURM_LAUNCHER = r"""
-import json, os, sys, time, anyio, corral
-
-cfg = json.loads(sys.argv[1])
-
-def up():  # in __main__: goes by value
-    print("up", os.getpid(), os.getppid(), os.environ["GROUP_RANK"], flush=True)
-    time.sleep(1000)
-
-async def main():
-    async with corral.open_runner(name="sp") as r:
-        try:
-            await r.launch(
-                up, hosts="slurm", extra_env={cfg["tag_var"]: cfg["tag"]},
-                link_timeout=cfg["link_timeout"],
-            )
-        except corral.LaunchError as exc:
-            print("error:", str(exc).replace("\n", " "), flush=True)
-
-anyio.run(main)
-"""
 
 
 @pytest.mark.slow
@@ -454,13 +404,17 @@ def test_a_slurm_node_gone_silent_fails_the_launch_and_leaves_nothing(
     link deadline, n1's workers stopped, and the step's end takes n2's agent and workers."""
     cfg = {"tag_var": TAG_VAR, "tag": tag, "link_timeout": LINK_TIMEOUT}
     with launcher(
-        SLURM_LAUNCHER, cfg, prefix=slurm_cluster.salloc_argv(), env=slurm_cluster.environ()
+        cfg,
+        "up_with_agent",
+        "sp",
+        prefix=slurm_cluster.salloc_argv(),
+        env=slurm_cluster.environ(),
     ) as run:
         ups = [line.split("| ")[-1].split() for line in run.wait_for(r"\| up \d+ \d+ \d$", 2)]
         (agent,) = {int(ppid) for _, _, ppid, group in ups if group == "1"}
         os.kill(agent, signal.SIGSTOP)
         silenced = time.monotonic()
-        (error,) = run.wait_for("^error: ", timeout=LINK_TIMEOUT + 10)
+        error = reported_error(run, timeout=LINK_TIMEOUT + 10)
         raised = time.monotonic()
         assert run.proc.wait(30) == 0, run.text()
     assert "agent-1" in error and "n2" in error and "silent" in error, error
@@ -546,73 +500,6 @@ PEERS = 50
 #: What each flooding peer tries to push after announcing a 1 GiB frame.
 FLOOD_BYTES = 8 << 20
 
-#: A "Python" for the remote host that, before it runs the real agent, sets 2 x PEERS
-#: strangers on the launcher's listener (which it knows from the agent's configuration):
-#: PEERS announce a 1 GiB first frame and push FLOOD_BYTES as fast as they can, PEERS announce
-#: a small frame and then trickle a byte every 50 ms.  Meanwhile it samples the launcher's
-#: RSS, and it reports on stderr, as one JSON line, the RSS growth and how long the launcher
-#: kept each trickler.
-STRANGERS_THEN_AGENT = r"""#!{python}
-import base64, json, os, socket, sys, threading, time
-
-if sys.argv[1:] != ["-m", "corral._agent"]:  # the agent's workers: the real thing
-    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-raw = sys.stdin.buffer.readline()
-cfg = json.loads(base64.b64decode(raw))
-address = (cfg["address"], cfg["port"])
-
-def rss():
-    with open("/proc/{launcher}/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
-
-base = rss()
-flood_sent, trickle_held = [], []
-
-def flood():
-    sent = 0
-    try:
-        with socket.create_connection(address, timeout=20) as s:
-            s.sendall((1 << 30).to_bytes(4, "big"))
-            chunk = bytes(65536)
-            while sent < {flood}:
-                s.sendall(chunk)
-                sent += len(chunk)
-    except OSError:
-        pass
-    flood_sent.append(sent)
-
-def trickle():
-    with socket.create_connection(address, timeout=20) as s:
-        s.sendall((1000).to_bytes(4, "big"))
-        started = time.monotonic()
-        s.settimeout(0.05)
-        try:
-            while time.monotonic() - started < 15:
-                try:
-                    if s.recv(1) == b"":
-                        break  # closed by the launcher
-                except socket.timeout:
-                    s.send(b"\x00")
-        except OSError:
-            pass
-        trickle_held.append(time.monotonic() - started)
-
-threads = [threading.Thread(target=f) for f in [flood] * {peers} + [trickle] * {peers}]
-for t in threads:
-    t.start()
-peak = base
-while any(t.is_alive() for t in threads):
-    peak = max(peak, rss())
-    threads[0].join(0.005)
-for t in threads:
-    t.join()
-peak = max(peak, rss())
-print(json.dumps({{"growth_kib": peak - base, "flood_sent": flood_sent,
-                  "trickle_held": trickle_held}}), file=sys.stderr, flush=True)
-os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
-os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-"""
-
 
 @pytest.mark.slow
 @pytest.mark.anyio
@@ -621,13 +508,7 @@ async def test_strangers_on_the_launch_listener_cost_no_memory(
     ssh_hosts: _hosts.SshHosts, tag: str, tmp_path: Path
 ) -> None:
     """Before the secret is checked, a peer may send only a small hello, and only quickly."""
-    python = tmp_path / "python"
-    python.write_text(
-        STRANGERS_THEN_AGENT.format(
-            python=sys.executable, launcher=os.getpid(), flood=FLOOD_BYTES, peers=PEERS
-        )
-    )
-    python.chmod(0o755)
+    python = as_python(tmp_path, "strangers_then_agent", os.getpid(), FLOOD_BYTES, PEERS)
     logs = Lines()
     async with corral.open_runner(name="mem", console=False, handlers=[logs]) as r:
         results = await r.launch(
@@ -651,39 +532,6 @@ async def test_strangers_on_the_launch_listener_cost_no_memory(
 #: Peers that connect to the launch listener and say nothing, before the real agent dials.
 SILENT_PEERS = 200
 
-#: A "Python" for the remote host that, before it runs the real agent, opens SILENT_PEERS
-#: connections to the launcher's listener and says nothing on them; it reports on stderr, as
-#: one JSON line, how many the launcher closed within 3 s (well before the hello deadline),
-#: then runs the agent, which inherits the connections still open: strangers that still wait
-#: for their hello when the agent dials.
-SILENT_THEN_AGENT = r"""#!{python}
-import base64, json, os, select, socket, sys, time
-
-if sys.argv[1:] != ["-m", "corral._agent"]:  # the agent's workers: the real thing
-    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-raw = sys.stdin.buffer.readline()
-cfg = json.loads(base64.b64decode(raw))
-address = (cfg["address"], cfg["port"])
-peers = [socket.create_connection(address, timeout=10) for _ in range({peers})]
-began = time.monotonic()
-open_ = set(peers)
-while len(open_) > {wait} and time.monotonic() - began < 3:
-    ready, _, _ = select.select(list(open_), [], [], 0.1)
-    for peer in ready:  # readable: closed by the launcher (EOF or a reset)
-        try:
-            gone = peer.recv(1) == b""
-        except OSError:
-            gone = True
-        if gone:
-            open_.discard(peer)
-print(json.dumps({{"closed": {peers} - len(open_), "after": time.monotonic() - began}}),
-      file=sys.stderr, flush=True)
-for peer in open_:
-    peer.set_inheritable(True)  # still waiting while the agent dials
-os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
-os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-"""
-
 
 @pytest.mark.slow
 @pytest.mark.anyio
@@ -692,11 +540,7 @@ async def test_silent_strangers_wait_for_their_hello_at_most_64_at_a_time(
     ssh_hosts: _hosts.SshHosts, tag: str, tmp_path: Path
 ) -> None:
     """Of the connections waiting for their hello, the oldest goes when the 65th comes."""
-    python = tmp_path / "python"
-    python.write_text(
-        SILENT_THEN_AGENT.format(python=sys.executable, peers=SILENT_PEERS, wait=MAX_PENDING_HELLOS)
-    )
-    python.chmod(0o755)
+    python = as_python(tmp_path, "silent_then_agent", SILENT_PEERS, MAX_PENDING_HELLOS)
     logs = Lines()
     async with corral.open_runner(name="silent", console=False, handlers=[logs]) as r:
         results = await r.launch(
@@ -906,32 +750,7 @@ async def test_a_host_that_accepts_and_never_speaks_is_launch_error(tag: str) ->
     assert held, "ssh never connected"
     assert isinstance(exc, corral.LaunchError), repr(exc)
     assert "127.0.0.1" in str(exc), str(exc)
-    assert took < start_timeout + 1.0, f"took {took:.2f} s"
-
-
-#: A "Python" for a remote host that misbehaves in the middle of the agent's start, as
-#: ``{how}`` says, and then lives on until its stdin closes (the ssh session ends).
-STALLING_AGENT = r"""#!{python}
-import base64, json, os, socket, subprocess, sys
-from corral._launch import _agent, _link
-
-raw = sys.stdin.buffer.readline()
-cfg = json.loads(base64.b64decode(raw))
-with open({pidfile!r}, "w") as f:
-    f.write(str(os.getpid()))
-how = {how!r}
-if how == "cable-pulled":  # the host's packets vanish from now on: a half-open link
-    subprocess.run(["tc", "qdisc", "add", "dev", "eth0", "root", "blackhole"], check=True)
-    os.environ["CORRAL_AGENT_CONFIG"] = raw.decode().strip()
-    os.execv({python!r}, [{python!r}, "-m", "corral._agent"])  # the real agent, cut off
-s = socket.create_connection((cfg["address"], cfg["port"]))
-hello = _link.encode(_link.AgentHello(_link.LINK_VERSION, cfg["secret"], cfg["index"], "h", 1))
-if how == "half-hello":
-    s.sendall(hello[: len(hello) // 2])
-elif how == "hello-only":
-    s.sendall(hello)  # authenticated, and then nothing: never Ready
-sys.stdin.buffer.read()
-"""
+    assert took < start_timeout + SLACK, f"took {took:.2f} s"
 
 
 @pytest.mark.slow
@@ -947,9 +766,7 @@ async def test_an_agent_that_stalls_mid_start_is_launch_error(
     start_timeout = 4.0
     host = ssh_hosts.hosts[0]
     pidfile = tmp_path / "agent.pid"
-    python = tmp_path / "python"
-    python.write_text(STALLING_AGENT.format(python=sys.executable, pidfile=str(pidfile), how=how))
-    python.chmod(0o755)
+    python = as_python(tmp_path, "stalling_agent", pidfile, how)
     try:
         exc, took = await launch_error(
             [host.address],
@@ -984,45 +801,16 @@ def test_ctrl_c_waits_for_remote_workers_that_ignore_sigterm(
 ) -> None:
     """handle_signals=True, SIGTERM ignored remotely: out in grace + 1 s, and not before them."""
     cfg = stubborn_cfg(ssh_hosts, tag, backend)
-    with launcher(STUBBORN_LAUNCHER, cfg) as run:
+    with launcher(cfg, "stubborn", "st", signals=True) as run:
         run.wait_for(r"\| up \d+ \d$", 4)
         assert len(tagged_pids(tag)) == 4
         took = run.interrupt()
         left = tagged_pids(tag)  # at once: the launcher must not have left before them
         assert left == [], f"the launcher exited with remote workers {left} still alive"
-        assert took < cfg["grace"] + 1.0, f"Ctrl-C took {took:.2f} s: {run.text()}"
+        # The promise (grace + 1 s, which bench/cli.py measures) with room; a stop that waited
+        # for an agent's own default grace (5 s) is later still.
+        assert took < cfg["grace"] + 1.0 + SLACK, f"Ctrl-C took {took:.2f} s: {run.text()}"
         assert "interrupted" in run.lines, run.text()
-
-
-#: A launcher that takes the signals, with a long grace, and workers that report each signal
-#: they get and go on.
-SIGNAL_REPORTING_LAUNCHER = r"""
-import json, os, signal, sys, time, anyio, corral
-
-cfg = json.loads(sys.argv[1])
-
-def reports_and_holds():  # in __main__: goes by value
-    def say(signum, frame):
-        print("got", signal.Signals(signum).name, os.environ["GROUP_RANK"], flush=True)
-    signal.signal(signal.SIGINT, say)
-    signal.signal(signal.SIGTERM, say)
-    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
-    while True:
-        time.sleep(1000)
-
-async def main():
-    async with corral.open_runner(name="sg", handle_signals=True, grace=cfg["grace"]) as r:
-        await r.launch(
-            reports_and_holds, hosts=cfg["hosts"], workers_per_host=cfg["workers"],
-            ssh=corral.SSH(**cfg["ssh"]), extra_env={cfg["tag_var"]: cfg["tag"]},
-        )
-
-try:
-    anyio.run(main, backend=cfg["backend"])
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-    sys.exit(130)
-"""
 
 
 @pytest.mark.slow
@@ -1034,15 +822,16 @@ def test_ctrl_c_sends_sigint_to_remote_workers_and_a_second_ends_their_grace(
     """As to local children: the first Ctrl-C is SIGINT on every host (not SIGTERM), the
     second ends the grace (10 s here) on every host at once."""
     cfg = stubborn_cfg(ssh_hosts, tag, backend, workers=1, grace=10.0)
-    with launcher(SIGNAL_REPORTING_LAUNCHER, cfg) as run:
+    with launcher(cfg, "reports_and_holds", "sg", signals=True) as run:
         run.wait_for(r"\| up \d+ \d$", 2)
         run.proc.send_signal(signal.SIGINT)
         run.wait_for(r"\| got SIGINT \d$", 2, timeout=10)
         again = time.monotonic()
         took = run.interrupt()  # the second Ctrl-C
-        assert took < 2.0, f"the second Ctrl-C took {took:.2f} s: {run.text()}"
+        # Far from the grace (10 s) that the second Ctrl-C ends.
+        assert took < 2.0 + SLACK, f"the second Ctrl-C took {took:.2f} s: {run.text()}"
         assert tagged_pids(tag) == [], "remote workers outlived the second Ctrl-C"
-        assert time.monotonic() - again < 3.0
+        assert time.monotonic() - again < 3.0 + SLACK
         assert "got SIGTERM" not in run.text(), run.text()
         assert "interrupted" in run.lines, run.text()
 
@@ -1065,17 +854,19 @@ def test_ctrl_c_at_any_moment_of_a_launch(
     """A sweep of Ctrl-C moments: each one out within grace + 1 s, and no worker left."""
     cfg = stubborn_cfg(ssh_hosts, tag, backend, workers=1)
     before = set(on_hosts(ssh_hosts))  # none, unless an earlier test left some
-    with launcher(STUBBORN_LAUNCHER, cfg) as run:
+    with launcher(cfg, "stubborn", "st", signals=True) as run:
         run.wait_for("^launching$")
         time.sleep(moment)  # the moment is what is tested, not a wait for something
         took = run.interrupt()
         left = tagged_pids(tag)
         assert left == [], f"the launcher exited with remote workers {left} still alive"
-        assert took < cfg["grace"] + 1.0, f"Ctrl-C took {took:.2f} s: {run.text()}"
+        # The promise (grace + 1 s, which bench/cli.py measures) with room; a stop that waited
+        # for an agent's own default grace (5 s) is later still.
+        assert took < cfg["grace"] + 1.0 + SLACK, f"Ctrl-C took {took:.2f} s: {run.text()}"
         assert run.proc.returncode == 130, run.text()
     # The agents, their lifelines and ssh sessions follow within the bound.
-    lingering = hosts_clean(ssh_hosts, HOSTS_CLEAN_WITHIN, before)
-    assert lingering == {}, f"left on the hosts {HOSTS_CLEAN_WITHIN} s after the exit: {lingering}"
+    lingering = hosts_clean(ssh_hosts, HOSTS_CLEAN_WITHIN + SLACK, before)
+    assert lingering == {}, f"left on the hosts after the exit: {lingering}"
 
 
 def test_link_timeout_is_checked() -> None:

@@ -16,6 +16,7 @@ child in another directory).
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -38,11 +39,13 @@ def program(name: str, *args: object) -> list[str]:
     return [sys.executable, str(path(name)), *map(str, args)]
 
 
-def as_python(folder: Path, name: str) -> Path:
-    """An executable ``folder/python`` that runs the program ``name`` with its arguments: a
-    stand-in for a host's interpreter (``SSH(python=...)``), which the program may hand over
-    to the real one (``os.execv(sys.executable, ...)``)."""
+def as_python(folder: Path, name: str, *args: object) -> Path:
+    """An executable ``folder/python`` that runs the program ``name``: a stand-in for a host's
+    interpreter (``SSH(python=...)``), which the program may hand over to the real one
+    (``os.execv(sys.executable, ...)``).  With ``args``, the program gets them first, then
+    ``--``, then the arguments the stand-in was given."""
     python = folder / "python"
-    python.write_text(f'#!/bin/sh\nexec {sys.executable} {path(name)} "$@"\n')
+    words = " ".join(shlex.quote(str(arg)) for arg in (*args, "--")) if args else ""
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {path(name)} {words} "$@"\n')
     python.chmod(0o755)
     return python

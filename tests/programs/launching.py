@@ -14,15 +14,23 @@
     logs a warning (logger ``app``) and prints a line, then returns its torchrun variables.
 ``fail_on_rank_3()``
     rank 3 raises ``KeyError(repr(time.time()))`` after 0.5 s; the others sleep.
+``up_with_pid()``, ``up_with_agent()``
+    print ``up PID GROUP_RANK`` (or ``up PID PPID GROUP_RANK``: its agent's pid too), sleep.
+``stubborn()``
+    ignores SIGTERM (only SIGKILL at the grace deadline stops it), then as ``up_with_pid``.
+``reports_and_holds()``
+    prints ``got SIGNAME GROUP_RANK`` for every SIGINT and SIGTERM it gets, and goes on.
 
 The launch: ``runner`` (keywords of ``corral.open_runner``), ``launch`` (keywords of
 ``Runner.launch``; ``ssh``, a dict, becomes ``corral.SSH(**ssh)``), ``tag_var`` and ``tag``
 (into ``extra_env``), ``backend``.  It prints ``lifeline PID`` first if ``lifeline`` is true,
+``launching`` just before the launch if ``say_launching`` is,
 then ``RESULTS JSON`` (``values`` and ``by_host``) when the launch returns, or ``RAISED JSON``
 (``type``, ``took`` the seconds from the launch's start, ``message``, ``notes``, ``cause``
 the type of ``__cause__``, ``late`` for ``fail_on_rank_3``'s: how long after its raise) when
 it raises; last, if ``starts`` is true, ``STARTED JSON``: the argvs the launcher itself
-started (not those its agents report).
+started (not those its agents report).  A KeyboardInterrupt (with ``handle_signals``, a
+Ctrl-C) ends it with ``interrupted`` and exit status 130.
 """
 
 from __future__ import annotations
@@ -30,8 +38,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -81,7 +92,47 @@ def fail_on_rank_3() -> None:
     raise KeyError(repr(time.time()))
 
 
-FUNCTIONS = {f.__name__: f for f in (square, up, up_with_error_file, sleep, whoami, fail_on_rank_3)}
+def up_with_pid() -> None:
+    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
+    time.sleep(1000)
+
+
+def up_with_agent() -> None:
+    print("up", os.getpid(), os.getppid(), os.environ["GROUP_RANK"], flush=True)
+    time.sleep(1000)
+
+
+def stubborn() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    up_with_pid()
+
+
+def reports_and_holds() -> None:
+    def say(signum: int, frame: FrameType | None) -> None:
+        print("got", signal.Signals(signum).name, os.environ["GROUP_RANK"], flush=True)
+
+    signal.signal(signal.SIGINT, say)
+    signal.signal(signal.SIGTERM, say)
+    print("up", os.getpid(), os.environ["GROUP_RANK"], flush=True)
+    while True:
+        time.sleep(1000)
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    f.__name__: f
+    for f in (
+        square,
+        up,
+        up_with_error_file,
+        sleep,
+        whoami,
+        fail_on_rank_3,
+        up_with_pid,
+        up_with_agent,
+        stubborn,
+        reports_and_holds,
+    )
+}
 
 
 class Starts(logging.Handler):
@@ -127,10 +178,12 @@ async def main(cfg: dict[str, Any]) -> None:
     async with corral.open_runner(handlers=handlers, **runner) as r:
         if cfg.get("lifeline"):
             print("lifeline", r._lifeline.pid, flush=True)
+        if cfg.get("say_launching"):
+            print("launching", flush=True)
         started = time.monotonic()
         try:
             results = await r.launch(function, *args, **launch)
-        except BaseException as exc:
+        except Exception as exc:
             print("RAISED", json.dumps(raised(exc, started)), flush=True)
         else:
             values = {"values": list(results), "by_host": results.by_host}
@@ -141,4 +194,8 @@ async def main(cfg: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     config = json.loads(sys.argv[1])
-    anyio.run(main, config, backend=config.get("backend", "asyncio"))
+    try:
+        anyio.run(main, config, backend=config.get("backend", "asyncio"))
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)

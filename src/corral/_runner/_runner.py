@@ -40,24 +40,19 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
-import anyio.lowlevel
-import anyio.to_thread
 
+# What the runner's signatures name, so that they resolve (typing.get_type_hints, the API
+# pages); what a runner is made of loads with the first one (see Runner.__init__).
 from .._checks import with_keywords
 from .._core._options import ProcessOptions, StartOptions, StrOrPath
 from .._core._process import Process
-from .._core._run import drain, feed
 from .._core._stdio import DEVNULL, PIPE
 from .._core._token import LoopToken
-from .._logs._hub import LogHub, routes_of
-from .._logs._router import Route
+from .._logs._route import Route
 from .._results import CompletedProcess, LaunchResult
 from .._scaleout import LaunchOptions, LaunchSpec, check_launch_name
-from .._sys._lifeline import Lifeline
 from .._sys._proc import ResourceUsage
-from ._children import Children
 from ._options import RunnerOptions, RunnerSpec
-from ._scope import Scope
 
 if TYPE_CHECKING:
     from .._launch._context import LaunchContext
@@ -82,6 +77,13 @@ class Runner:
     @with_keywords(RunnerSpec)
     def __init__(self, **options: Unpack[RunnerOptions]) -> None:
         spec = RunnerSpec.of(options, "Runner").checked()
+        # What a runner is made of loads with the first one: a program that names the
+        # runner (its signatures, its options) and never opens one loads none of it.
+        from .._logs._hub import LogHub, routes_of
+        from .._sys._lifeline import Lifeline
+        from ._children import Children
+        from ._scope import Scope
+
         name = spec.name
         self._name = name
         self._grace = spec.grace
@@ -346,6 +348,8 @@ class Runner:
             stdin = PIPE
         self.token.check("Runner.run")
         self._check_open()
+        from .._core._run import drain, feed  # (loaded with the runner's children)
+
         # Built on start() as anyio.run_process is on open_process: feed, drain, wait.
         proc = await self._children.start(opts.replace(check=False, stdin=stdin).checked(argv))
         out: list[bytes] = []
