@@ -110,6 +110,10 @@ FOREIGN_PRIVATE_OK: dict[tuple[str, str], str] = {
         "the helper ends at once once it killed what was left: no interpreter clean-up, "
         "nothing of it is needed"
     ),
+    ("corral._cli._io", "_exit"): (
+        "a Ctrl-C while the command imports and parses, before its event loop runs: nothing "
+        "was made, and an exit handler would run half-imported modules' code"
+    ),
     ("corral.testing", "_exit"): (
         "the one way out of a process whose leaked non-daemon thread (reported already) "
         "would hold its end up for good"

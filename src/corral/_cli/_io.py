@@ -1,16 +1,40 @@
-"""What the command says: its stdout (whose reader going is a stop), one-line errors, exit codes."""
+"""What the command says: its stdout (whose reader going is a stop), one-line errors, exit codes.
+
+And how a Ctrl-C ends the command's start.  The command imports most of what
+it needs as it starts (click, AnyIO, the runner, the console), and a Ctrl-C
+that lands in the middle of an import was a ``KeyboardInterrupt`` traceback
+from a module nobody asked about, or, caught by the wrong ``except``, an exit
+with 0 or 1.  So from the console script's first line (:func:`take_ctrl_c`,
+in ``__main__``) until the runner holds SIGINT (``handle_signals=True``,
+before it starts anything), the signal is this module's, in three stages:
+
+* ``"start"``, until the event loop runs: nothing has been made yet, so a
+  Ctrl-C says so in one line on stderr and ends the process at once with 130
+  (``os._exit``: no exit handler runs half-imported modules' code);
+* ``"pending"`` (:func:`ctrl_c_stage`), while the loop starts the runner (a log
+  folder, the lifeline, a cgroup are being made, which a sudden end could
+  leave behind): a Ctrl-C is only noted (:func:`ctrl_c_pending`), and the
+  command stops as soon as the runner holds the signal, having started
+  nothing;
+* ``"ended"``, once the runner's block is over (it hands the signal back): a
+  Ctrl-C is noted, and the command exits with 130 once it has said how the
+  run went.
+
+:func:`python_handles_ctrl_c` gives the signal back to Python
+(``KeyboardInterrupt``), for what the command does after its loop and for
+the commands that start no runner (``tail``, ``status``), whose loop handles it.
+"""
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import stat
 import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
-
-import anyio
 
 from .._logs._terminal import terminal_text, write_all, write_out
 
@@ -19,14 +43,60 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_PIPE",
+    "STOPPED_EARLY",
     "Stdout",
     "call_soon",
     "check_written",
+    "ctrl_c_pending",
+    "ctrl_c_stage",
     "exit_code",
     "fail",
+    "python_handles_ctrl_c",
     "say",
     "shorten",
+    "take_ctrl_c",
 ]
+
+#: What a Ctrl-C before the runner holds the signal says.
+STOPPED_EARLY = "corral: Ctrl-C: stopped before anything started"
+
+
+class _Start:
+    """Where the command's start is (see the module's docs), and whether a Ctrl-C came."""
+
+    stage = "start"
+    pending = False
+
+
+def _on_ctrl_c(signum: int, frame: object) -> None:
+    if _Start.stage == "start":
+        try:
+            os.write(2, STOPPED_EARLY.encode() + b"\n")
+        finally:
+            os._exit(130)
+    _Start.pending = True
+
+
+def take_ctrl_c() -> None:
+    """The console script's first step: Ctrl-C is the command's own (not if it was ignored)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_ctrl_c)
+
+
+def ctrl_c_stage(name: str) -> None:
+    """The command's start is at stage ``name`` now: ``"pending"`` or ``"ended"``."""
+    _Start.stage = name
+
+
+def ctrl_c_pending() -> bool:
+    """Whether a Ctrl-C came while the runner did not hold the signal (yet, or any more)."""
+    return _Start.pending
+
+
+def python_handles_ctrl_c() -> None:
+    """Ctrl-C is Python's again (``KeyboardInterrupt``), if it is still the command's."""
+    if signal.getsignal(signal.SIGINT) is _on_ctrl_c:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def exit_code(returncode: int) -> int:
@@ -170,10 +240,12 @@ class Stdout:
             return
         if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
             return
+        from anyio import wait_readable
+
         poller = select.poll()
         poller.register(fd, 0)  # only what is always reported: POLLERR, POLLHUP, POLLNVAL
         while not self._gone:
-            await anyio.wait_readable(fd)
+            await wait_readable(fd)
             if any(events & _HANG_UP for _, events in poller.poll(0)):
                 self._went()
                 return
@@ -217,7 +289,9 @@ def check_written(stdout: Stdout) -> None:
 
 def call_soon(loop: LoopHandle, fn: Callable[[], object]) -> None:
     """``fn()`` on ``loop`` soon, from any thread; nothing if the loop has finished."""
+    from anyio import RunFinishedError
+
     try:
         loop.call_soon_threadsafe(fn)
-    except anyio.RunFinishedError:
+    except RunFinishedError:
         pass

@@ -18,7 +18,18 @@ from .._logs._terminal import terminal_text, write_out
 from .._sys import _contain
 from ._console import CommandConsole
 from ._group import Output
-from ._io import EXIT_PIPE, Stdout, call_soon, check_written, fail, say
+from ._io import (
+    EXIT_PIPE,
+    STOPPED_EARLY,
+    Stdout,
+    call_soon,
+    check_written,
+    ctrl_c_pending,
+    ctrl_c_stage,
+    fail,
+    python_handles_ctrl_c,
+    say,
+)
 from ._status import Status
 
 if TYPE_CHECKING:
@@ -57,20 +68,34 @@ def main_loop(name: str, output: Output, job: Job) -> NoReturn:
         # The command owns its process: what its processes orphan is handed
         # to it (not to init), to stop and reap, up to its very end.
         _contain.set_subreaper(True)
+    ctrl_c_stage("pending")  # a Ctrl-C is noted until the runner holds the signal
     try:
         try:
             code = anyio.run(_serve, name, output, job, stdout)
         finally:
+            python_handles_ctrl_c()
             if output.contain:
                 _last_sweep(job.grace)
     except KeyboardInterrupt:
-        sys.exit(130)
+        _interrupted()
     except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:
+            _interrupted()
         sys.exit(_from_group(group, job.programs))
     except BaseException as exc:
         sys.exit(_from_group(BaseExceptionGroup("", [exc]), job.programs))
     check_written(stdout)
+    if ctrl_c_pending():  # a Ctrl-C once the run had ended (the runner had given it back)
+        say("corral: Ctrl-C as the run ended")
+        sys.exit(130)
     sys.exit(code)
+
+
+def _interrupted() -> NoReturn:
+    """Exit after a Ctrl-C: 130, and the one line, if the runner did not say it already."""
+    if ctrl_c_pending():
+        say(STOPPED_EARLY)
+    sys.exit(130)
 
 
 def _last_sweep(grace: float) -> None:
@@ -194,6 +219,10 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
                     usage=output.usage,
                 ) as r:
                     runner.append(r)
+                    if ctrl_c_pending():
+                        # A Ctrl-C while the runner started: it holds the signal now,
+                        # and has started nothing.
+                        raise KeyboardInterrupt
                     console.interrupted = lambda: r.received_signal == signal.SIGINT
                     loop = r.token.loop
                     stdout.when_gone(lambda: call_soon(loop, r.cancel))
@@ -209,6 +238,7 @@ async def _serve(name: str, output: Output, job: Job, stdout: Stdout) -> int:
                         code = await job(r, status)
                         tg.cancel_scope.cancel()
             finally:
+                ctrl_c_stage("ended")  # the runner has given the signal back
                 shows.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

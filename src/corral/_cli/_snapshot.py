@@ -12,7 +12,7 @@ import anyio
 import click
 
 from ._group import CONTEXT, text_option
-from ._io import say
+from ._io import python_handles_ctrl_c, say
 from ._tail import MAX_TAIL_MESSAGE, websocket_url
 
 __all__ = ["sparkline", "status"]
@@ -44,6 +44,7 @@ def status(url: str, no_color: bool) -> None:
     reached.
     """
     target = websocket_url(url, "*", 100)  # the records are not wanted
+    python_handles_ctrl_c()  # its loop handles Ctrl-C
     try:
         hello = anyio.run(_look, target, backend="asyncio")
     except KeyboardInterrupt:

@@ -15,7 +15,15 @@ import click
 
 from .._logs._terminal import write_out
 from ._group import CONTEXT, RAW_OPTION, text_option
-from ._io import EXIT_PIPE, Stdout, call_soon, check_written, say, shorten
+from ._io import (
+    EXIT_PIPE,
+    Stdout,
+    call_soon,
+    check_written,
+    python_handles_ctrl_c,
+    say,
+    shorten,
+)
 
 if TYPE_CHECKING:
     from corral import ConsoleHandler
@@ -68,6 +76,7 @@ def tail(url: str, source: str, level: str, no_prefix: bool, no_color: bool, raw
         if number == 0 and level.upper() != "NOTSET":
             raise click.BadParameter(f"{shorten(level)} is not a level", param_hint="--level")
     split = _urlsplit(url, source, number)
+    python_handles_ctrl_c()  # its loop handles Ctrl-C
     stdout = Stdout(sys.stdout)
     try:
         code = anyio.run(
