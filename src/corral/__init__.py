@@ -53,7 +53,7 @@ _HOMES = _facade.homes(
         ),
         "_launch._hosts": ("DEFAULT_ENV_PATTERNS", "HOST_ENV_NAMES"),
         "_logs._console": ("ConsoleHandler",),
-        "_logs._router": ("Route",),
+        "_logs._route": ("Route",),
         "_logs._sources": ("LogTail",),
         "_results": ("CompletedProcess", "LaunchResult"),
         "_runner._options": ("RunnerLaunchOptions", "RunnerOptions"),

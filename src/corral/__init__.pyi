@@ -22,7 +22,7 @@ from ._errors import WrongLoopError as WrongLoopError
 from ._launch._hosts import DEFAULT_ENV_PATTERNS as DEFAULT_ENV_PATTERNS
 from ._launch._hosts import HOST_ENV_NAMES as HOST_ENV_NAMES
 from ._logs._console import ConsoleHandler as ConsoleHandler
-from ._logs._router import Route as Route
+from ._logs._route import Route as Route
 from ._logs._sources import LogTail as LogTail
 from ._results import CompletedProcess as CompletedProcess
 from ._results import LaunchResult as LaunchResult

@@ -10,6 +10,7 @@ anything is started.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -20,7 +21,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 __all__ = [
+    "DEFAULT_LINK_TIMEOUT",
     "MAX_NAME",
+    "MAX_WORKERS",
+    "MAX_WORKERS_PER_HOST",
     "check_argv",
     "check_globs",
     "check_grace",
@@ -39,6 +43,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The longest name a runner or process may have.
 MAX_NAME: Final = 100
+
+# A launch's sizes and its link's deadline: the launch's record (corral._scaleout) names them,
+# and the command line shows them in its help, which loads none of the launch's code.
+
+#: The most workers of a launch on one host (``workers_per_host``; the
+#: command line's ``-n`` and ``-c``): each is a process there, with its
+#: descriptors here.
+MAX_WORKERS_PER_HOST: Final = 4096
+#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
+MAX_WORKERS: Final = 65536
+#: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
+DEFAULT_LINK_TIMEOUT: Final = 5.0
 
 _NAME_OK = re.compile(r"[^\s/\\\0]+")
 
@@ -165,7 +181,7 @@ def check_keywords(options: Mapping[str, object], known: Collection[str], what: 
             raise TypeError(f"{what}() got an unexpected keyword argument {key!r}")
 
 
-def with_keywords(options: type[Any]) -> Callable[[F], F]:
+def with_keywords(options: type) -> Callable[[F], F]:
     """Give ``fn(..., **options)`` the signature it has: the fields of the dataclass ``options``.
 
     The keywords are spelled once, as the fields (names, types, defaults) of
@@ -174,13 +190,7 @@ def with_keywords(options: type[Any]) -> Callable[[F], F]:
     evaluated, so ``options``'s module must import at run time every name
     they use.
     """
-    hints = typing.get_type_hints(options)
-    fields = [
-        inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
-        )
-        for f in dataclasses.fields(options)
-    ]
+    fields = _keyword_parameters(options)
 
     def apply(fn: F) -> F:
         signature = inspect.signature(fn)
@@ -191,3 +201,17 @@ def with_keywords(options: type[Any]) -> Callable[[F], F]:
         return fn
 
     return apply
+
+
+@functools.cache
+def _keyword_parameters(options: type) -> tuple[inspect.Parameter, ...]:
+    """The fields of the dataclass ``options`` as keyword-only parameters: once per class
+    (evaluating the annotations is most of a runner's import; each record serves two or more
+    signatures)."""
+    hints = typing.get_type_hints(options)
+    return tuple(
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+        )
+        for f in dataclasses.fields(options)
+    )

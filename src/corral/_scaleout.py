@@ -29,11 +29,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
-from ._checks import (
+from ._checks import (  # the sizes and the link's deadline: said there, named here too
+    DEFAULT_LINK_TIMEOUT,
+    MAX_WORKERS,
+    MAX_WORKERS_PER_HOST,
     check_globs,
     check_grace,
     check_host,
     check_keywords,
+    check_name,
     check_path,
     check_port,
     check_seconds,
@@ -53,26 +57,17 @@ __all__ = [
     "LaunchOptions",
     "LaunchSpec",
     "check_backend",
+    "check_launch_name",
 ]
 
 #: Seconds agents get to start and dial back, unless ``start_timeout`` says otherwise.
 DEFAULT_START_TIMEOUT = 60.0
-#: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
-DEFAULT_LINK_TIMEOUT: Final = 5.0
 #: The process-group backends of a launch's ``backend=`` (torchrunx's, torch's), and "auto".
 PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc", "xccl", "auto")
 #: What the ``backend=`` of a blocking runner names instead: its event loop.
 EVENT_LOOPS: Final = ("asyncio", "trio")
 #: Seconds of the process group's timeout (``backend=``): torchrunx's ``worker_timeout``.
 DEFAULT_PROCESS_GROUP_TIMEOUT = 600.0
-
-
-#: The most workers of a launch on one host (``workers_per_host``; the
-#: command line's ``-n`` and ``-c``): each is a process there, with its
-#: descriptors here.
-MAX_WORKERS_PER_HOST: Final = 4096
-#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
-MAX_WORKERS: Final = 65536
 
 
 @dataclass(frozen=True)
@@ -134,8 +129,9 @@ class SSH:
 
 
 class LaunchKeywords(TypedDict, total=False):
-    """The keywords of a launch but ``grace`` and ``backend``, which :func:`corral.launch` spells
-    its own way (``grace`` is the runner's; ``backend`` names the event loop or the process group).
+    """The keywords of a launch but ``grace``, ``backend`` and ``name``, which :func:`corral.launch`
+    spells its own way (``grace`` and ``name`` are the runner's, whose one launch it is;
+    ``backend`` names the event loop or the process group).
 
     :class:`LaunchOptions` adds them; :func:`corral.launch`'s keywords are these
     and the runner's.
@@ -170,6 +166,7 @@ class LaunchOptions(LaunchKeywords, total=False):
 
     grace: float | None
     backend: str | None
+    name: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,6 +193,7 @@ class LaunchSpec:
     master_port: int | None = None
     grace: float | None = None
     backend: str | None = None
+    name: str | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any], what: str) -> LaunchSpec:
@@ -229,10 +227,26 @@ class LaunchSpec:
             master_port=_maybe(check_port, self.master_port, "master_port"),
             grace=default_grace if self.grace is None else check_grace(self.grace),
             backend=check_backend(self.backend),
+            name=_maybe(check_launch_name, self.name, "launch"),
         )
+
+    @property
+    def prefix(self) -> str:
+        """What the launch's sources start with in the runner: ``"NAME."``, or nothing."""
+        return f"{self.name}." if self.name else ""
 
 
 LAUNCH_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(LaunchSpec))
+
+
+def check_launch_name(name: object, what: str = "launch") -> str:
+    """A launch's ``name``: a runner's name's rules, and not ``agent-N`` (its agents' own)."""
+    name = check_name(name, what)
+    if "." in name:
+        raise ValueError(f"{what} name {name!r} may not contain a dot: it starts every source")
+    if name.startswith("agent-"):
+        raise ValueError(f"{what} name {name!r} may not start with 'agent-': its agents' names do")
+    return name
 
 
 def _maybe(check: Any, value: Any, what: str) -> Any:

@@ -745,3 +745,53 @@ def test_a_failing_run_as_the_page_and_tail_tell_it(tmp_path: Path, tag: str) ->
         "corral: agent-0.worker-1 exited with code 3; its last stderr lines:",
         "  ValueError: rank 1 broke",
     ], said
+
+
+#: Each name cell: its name, the end it keeps whole, whether that end is all in view, whether
+#: the rest of the name had to be cut.
+NAME_CELLS = """() => [...document.querySelectorAll("#processes td.name")].map(td => {
+    const tail = td.querySelector(".tail"), head = td.querySelector(".head");
+    const box = td.getBoundingClientRect(), end = tail.getBoundingClientRect();
+    const text = document.createRange();
+    text.selectNodeContents(head);
+    return {
+        name: td.parentElement.dataset.name,
+        tail: tail.textContent,
+        whole: end.left >= box.left - 0.5 && end.right <= box.right + 0.5,
+        cut: text.getBoundingClientRect().width > head.getBoundingClientRect().width,
+    };
+})"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_long_name_keeps_its_distinguishing_end_when_cut(tmp_path: Path) -> None:
+    """At 400 px the names of a launch's workers (a second launch of the runner's: numbered)
+    are cut in the middle: each keeps its end (``1.worker-3``), which tells it from the
+    others; at 1100 px nothing is cut."""
+    server = Server()
+    names = [f"launch-2.agent-{a}.worker-{w}" for a in range(2) for w in range(4)]
+    with chromium(tmp_path) as browser:
+        page = browser.new_page()
+        page.set_viewport_size({"width": 400, "height": 700})
+        page.route(
+            "http://monitor.test/**",
+            lambda route: route.fulfill(
+                status=200, content_type="text/html; charset=utf-8", body=PAGE.read_text()
+            ),
+        )
+        page.route_web_socket("ws://monitor.test/**", server.accept)
+        page.goto("http://monitor.test/?token=t")
+        page.wait_for_selector("#status.live")
+        processes = [process(name) for name in names]
+        server.send(type="hello", v=1, runner="train", log_path=None, processes=processes)
+        page.wait_for_function("() => document.querySelectorAll('#processes tbody tr').length > 7")
+        cells = page.evaluate(NAME_CELLS)
+        assert [c["name"] for c in cells] == names
+        assert all(c["cut"] for c in cells), cells  # 400 px: too narrow for the whole names
+        assert all(c["whole"] for c in cells), cells
+        assert [c["tail"] for c in cells] == [name[-10:] for name in names]
+        assert len({c["tail"] for c in cells}) == len(names)
+        page.set_viewport_size({"width": 1100, "height": 700})
+        cells = page.evaluate(NAME_CELLS)
+        assert not any(c["cut"] for c in cells), cells

@@ -872,7 +872,8 @@ def test_the_worker_entry_point_loads_no_event_loop() -> None:
 
 def test_corral_help_loads_no_runner_and_no_event_loop() -> None:
     """``corral --help`` lists the commands from their definitions alone: the runner, the
-    console, the status table and the monitor load only once a command runs (issue 26.6)."""
+    console, the status table, the monitor, a launch's record and hosts, and :mod:`logging`
+    load only once a command runs (issue 26.6, issue 30.7)."""
     code = (
         "import contextlib, io\n"
         "from corral._cli._main import main\n"
@@ -882,14 +883,17 @@ def test_corral_help_loads_no_runner_and_no_event_loop() -> None:
         "    except SystemExit:\n"
         "        pass"
     )
-    loaded = _loaded_after(code)
+    loaded = _loaded_after(code, also=("logging",))
     assert "corral._cli._up" in loaded  # the commands were listed
     loops = {m for m in loaded if m.split(".")[0] in ("asyncio", "trio", "websockets")}
     assert not loops, loops
+    assert "logging" not in loaded
     runner = (
         "corral._core",
         "corral._runner",
         "corral._monitor",
+        "corral._launch",
+        "corral._scaleout",
         "corral._logs._console",
         "corral._cli._loop",
         "corral._cli._status",
@@ -898,10 +902,18 @@ def test_corral_help_loads_no_runner_and_no_event_loop() -> None:
     assert not {m for m in loaded if m.startswith(runner)}, loaded
 
 
+def test_the_commands_loop_loads_no_monitor_code() -> None:
+    """What ``corral run`` and ``corral up`` load before their runner (the loop, the status
+    table, the console) loads none of the monitor, which loads with ``--monitor`` only."""
+    loaded = _loaded_after("import corral._cli._loop, corral._cli._up, corral._cli._run")
+    assert "corral._cli._status" in loaded
+    assert not {m for m in loaded if m.startswith("corral._monitor")}, loaded
+
+
 def test_a_runner_loads_no_launch_and_no_monitor_code() -> None:
-    """``import corral; corral.open_runner`` loads the runner, the core, the log path and the
-    system layer: nothing of a launch (the link, the hosts, torch's environment, the worker)
-    or of the monitor, which load when a launch begins or a monitor is asked for."""
+    """``import corral; corral.open_runner`` and ``corral.Process`` load the runner's face and
+    the core: nothing of a launch (the link, the hosts, torch's environment, the worker) or of
+    the monitor, which load when a launch begins or a monitor is asked for."""
     loaded = _loaded_after("import corral\ncorral.open_runner\ncorral.Runner\ncorral.Process")
     assert "corral._runner._runner" in loaded
     assert not {m for m in loaded if m.startswith(("corral._launch", "corral._monitor"))}, loaded
@@ -909,16 +921,60 @@ def test_a_runner_loads_no_launch_and_no_monitor_code() -> None:
 
 
 #: What a runner loads only once it needs it: asyncio where its loop runs (it is loaded then
-#: already), ctypes for the subreaper role.
-_ON_DEMAND = ("asyncio", "ssl", "ctypes")
+#: already), ctypes for the subreaper role; the log wire's msgspec and the secrets' hashlib
+#: with the first runner.
+_ON_DEMAND = ("asyncio", "ssl", "ctypes", "msgspec", "hashlib")
+
+#: What naming the runner loads of corral (``import corral; corral.open_runner``): its face,
+#: the records of its keywords and what its signatures name (``Process``, ``LoopToken``,
+#: ``ResourceUsage``: they resolve).  What a runner is made of (the log service, the scope, the
+#: children and their supervision, the lifeline) loads with the first runner, before it is
+#: entered.
+_RUNNER_FACE = {
+    "corral",
+    "corral._facade",
+    "corral._checks",
+    "corral._errors",
+    "corral._results",
+    "corral._scaleout",
+    "corral._runner",
+    "corral._runner._runner",
+    "corral._runner._options",
+    "corral._core",
+    "corral._core._options",
+    "corral._core._process",
+    "corral._core._stdio",
+    "corral._core._token",
+    "corral._logs",
+    "corral._logs._route",
+    "corral._sys",
+    "corral._sys._backend",
+    "corral._sys._childenv",
+    "corral._sys._platform",
+    "corral._sys._cgroup",
+    "corral._sys._proc",
+}
+
+
+def test_naming_the_runner_loads_its_face_only() -> None:
+    """``import corral; corral.open_runner`` (what ``from corral import open_runner`` costs a
+    program, a CLI's ``--help`` or a test collection that never opens one) loads the records of
+    the runner's keywords, none of its machinery and none of :data:`_ON_DEMAND`."""
+    code = "import corral\ncorral.open_runner\ncorral.Runner\ncorral.RunnerOptions"
+    loaded = _loaded_after(code, also=_ON_DEMAND)
+    corral_modules = {m for m in loaded if m.startswith("corral")}
+    assert "corral._runner._runner" in corral_modules
+    assert corral_modules <= _RUNNER_FACE, corral_modules - _RUNNER_FACE
+    assert not {m for m in loaded if m.split(".")[0] in _ON_DEMAND}, loaded
 
 
 def test_a_runner_loads_no_event_loop() -> None:
-    """``import corral; corral.open_runner`` loads none of :data:`_ON_DEMAND`."""
-    code = "import corral\ncorral.open_runner\ncorral.Runner\ncorral.Process"
+    """The first runner, made and not entered yet, loads its machinery but no asyncio, ssl or
+    ctypes (which its loop and the subreaper role load)."""
+    code = "import corral\ncorral.open_runner(usage=True)\ncorral.Process"
     loaded = _loaded_after(code, also=_ON_DEMAND)
-    assert "corral._runner._runner" in loaded
-    assert not {m for m in loaded if m.split(".")[0] in _ON_DEMAND}, loaded
+    assert {"corral._runner._scope", "corral._core._supervisor", "corral._logs._hub"} <= loaded
+    assert not {m for m in loaded if m.split(".")[0] in ("asyncio", "ssl", "ctypes")}, loaded
 
 
 def test_a_runner_on_trio_loads_no_asyncio() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -18,6 +17,8 @@ from ._group import CONTEXT, RAW_OPTION, text_option
 from ._io import EXIT_PIPE, Stdout, call_soon, check_written, say, shorten
 
 if TYPE_CHECKING:
+    import logging
+
     from corral import ConsoleHandler
 
 __all__ = ["MAX_TAIL_MESSAGE", "tail", "websocket_url"]

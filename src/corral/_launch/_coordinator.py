@@ -273,7 +273,7 @@ class Coordinator:
             self.values[rank] = CompletedProcess(
                 list(self.plan.argv),
                 0,
-                name=f"agent-{host}.worker-{message.local_rank}",
+                name=f"{self.plan.agent(host)}.worker-{message.local_rank}",
                 pid=message.pid,
                 duration=message.duration,
                 stderr_tail=message.stderr,
@@ -322,7 +322,8 @@ class Coordinator:
         assert failure is not None
         if failure.lost is not None:
             index = self.plan.hosts.index(failure.host)
-            return LaunchError(f"the agent on host {failure.host} (agent-{index}) {failure.lost}")
+            agent = self.plan.agent(index)
+            return LaunchError(f"the agent on host {failure.host} ({agent}) {failure.lost}")
         where = f"rank {failure.rank} on host {failure.host} (local rank {failure.local_rank})"
         error = failure.error
         if error is None:

@@ -118,7 +118,7 @@ async def _launch_here(
 ) -> None:
     """This machine: the runner's own children are the workers."""
     workers = HostWorkers(
-        ctx.start, host=0, prefix="agent-0.", python=sys.executable, scratch=ctx.scratch
+        ctx.start, host=0, prefix=f"{plan.agent(0)}.", python=sys.executable, scratch=ctx.scratch
     )
     job = plan.job(0, payload, "127.0.0.1", free_port("127.0.0.1"))
     try:

@@ -62,6 +62,10 @@ class Plan:
     def world_size(self) -> int:
         return sum(self.counts)
 
+    def agent(self, index: int) -> str:
+        """The name of agent ``index`` in the runner: ``agent-1``, after the launch's name."""
+        return f"{self.options.prefix}agent-{index}"
+
     def job(self, host: int, payload: bytes, master_addr: str, master_port: int) -> _link.Job:
         """What host ``host`` runs; the master's address and port unless the options say."""
         return _link.Job(

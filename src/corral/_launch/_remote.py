@@ -75,7 +75,7 @@ class _Remote:
         self.ctx.logs.warn(message)
 
     def where(self, index: int) -> str:
-        return f"agent-{index} on {self.plan.hosts[index]}"
+        return f"{self.plan.agent(index)} on {self.plan.hosts[index]}"
 
     async def serve(
         self, listener: anyio.abc.Listener[anyio.abc.SocketStream], tg: anyio.abc.TaskGroup
@@ -156,11 +156,13 @@ class _Remote:
                 message.level,
                 message.created,
                 message.text,
-                peer=f"agent-{index}",
+                peer=self.plan.agent(index),
             )
         elif isinstance(message, _link.Records):
             await self.ctx.logs.records(
-                self._relative(index, message.source), message.records, peer=f"agent-{index}"
+                self._relative(index, message.source),
+                message.records,
+                peer=self.plan.agent(index),
             )
         elif isinstance(message, _link.Ready):
             agent.master_port = message.master_port
@@ -193,12 +195,11 @@ class _Remote:
             )
             for w in workers
         }
-        self.ctx.usage.remote(f"agent-{index}", figures)
+        self.ctx.usage.remote(self.plan.agent(index), figures)
 
-    @staticmethod
-    def _relative(agent: int, source: str) -> str:
+    def _relative(self, agent: int, source: str) -> str:
         """The source within the runner of what agent ``agent`` says ``source`` wrote."""
-        return f"agent-{agent}" + (f".{source}" if source else "")
+        return self.plan.agent(agent) + (f".{source}" if source else "")
 
     async def start_agents(self, addresses: list[tuple[str, int]]) -> None:
         plan = self.plan
@@ -250,7 +251,7 @@ class _Remote:
                 # the runner passes on to its children must not end the session
                 # before the stop (with that SIGINT) has gone over the link.
                 ["/bin/sh", "-c", 'trap "" INT && exec "$0" "$@"', *plan.ssh.argv(host, command)],
-                name=f"agent-{index}.ssh",
+                name=f"{plan.agent(index)}.ssh",
                 stdin=subprocess.PIPE,
                 check=False,
                 grace=plan.grace + 5,

@@ -8,12 +8,13 @@ library and msgspec only; then ``_records`` (the factory of
 child's pipes are read into them by :mod:`corral._core._pipes`), ``_server``
 (the runner's log socket),
 ``_collector`` (the bounded hand-off to one worker thread), ``_router``
-(blocks into lines and records, routes), ``_sinks`` and ``_console``
+(blocks into lines and records, routed as ``_route``'s records say:
+a light module, which the runner's keywords name), ``_sinks`` and ``_console``
 (corral's own destinations: files, the console; ``_terminal`` is what the
 console lets through to a terminal), ``_sources`` (sources,
 their backlogs, live tails) and ``_hub`` (one runner's log service, which
 owns the rest).
 
-Public face: _wire, _child_logging, _records, _chunks, _collector, _router, _sinks, _console,
-_sources, _hub, _terminal
+Public face: _wire, _child_logging, _records, _chunks, _collector, _route, _router, _sinks,
+_console, _sources, _hub, _terminal
 """

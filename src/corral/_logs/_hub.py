@@ -35,7 +35,8 @@ from ._chunks import FRAMES, LINES, RECORDS, Chunk, StreamState
 from ._collector import Collector
 from ._console import ConsoleHandler
 from ._records import make_record
-from ._router import Route, Router
+from ._route import Route
+from ._router import Router
 from ._server import LogServer
 from ._sinks import LogFiles
 from ._sources import Backlogs, Source

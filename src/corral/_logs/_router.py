@@ -38,18 +38,18 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from ._chunks import FRAMES, LINES, Chunk, Delivery, Outcome, StreamState
 from ._records import believable, make_record
+from ._route import Route
 from ._sinks import BlockSink
 from ._sources import BACKLOG_RECORDS, Backlogs, Source, line_block, record_block, wire_block
 
 if TYPE_CHECKING:
     from ._wire import Hello, Record
 
-__all__ = ["MAX_LINE", "PROGRESS_INTERVAL", "Route", "Router"]
+__all__ = ["MAX_LINE", "PROGRESS_INTERVAL", "Router"]
 
 #: A "line" longer than this is cut and delivered in pieces.
 MAX_LINE: Final = 1024 * 1024
@@ -59,24 +59,6 @@ MAX_PENDING: Final = 8 * 1024 * 1024
 MIN_PIECE: Final = 64 * 1024
 #: Files, handlers and tails get a progress bar's state at most this often.
 PROGRESS_INTERVAL: Final = 1.0
-
-
-@dataclass(frozen=True)
-class Route:
-    """Send the records of some sources to a :class:`logging.Handler`.
-
-    ``pattern`` is a shell-style glob matched against the source *within
-    the runner*: the process name (``"web"``, ``"train-*"``) or, for workers
-    of a launch, ``"agent-<i>.worker-<j>"`` (``"agent-*.worker-0"``).  The
-    runner's own lifecycle records have the empty name, which only ``"*"``
-    matches.  ``level`` overrides the handler's own level; with neither set,
-    the handler gets every record (the root logger's level does not apply:
-    it governs only ``propagate=True``).
-    """
-
-    handler: logging.Handler
-    pattern: str = "*"
-    level: int | None = None
 
 
 class _Targets:

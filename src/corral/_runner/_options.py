@@ -20,7 +20,7 @@ from typing import Any, Final, TypedDict
 
 from .._checks import check_grace, check_keywords, check_name, check_signal
 from .._core._options import DEFAULT_GRACE, StrOrPath
-from .._logs._router import Route
+from .._logs._route import Route
 from .._scaleout import LaunchKeywords
 
 __all__ = ["RunnerLaunchOptions", "RunnerOptions", "RunnerSpec"]

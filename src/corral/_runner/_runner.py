@@ -31,6 +31,7 @@ another or in the application's own task groups, on either backend.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -39,24 +40,19 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
-import anyio.lowlevel
-import anyio.to_thread
 
+# What the runner's signatures name, so that they resolve (typing.get_type_hints, the API
+# pages); what a runner is made of loads with the first one (see Runner.__init__).
 from .._checks import with_keywords
 from .._core._options import ProcessOptions, StartOptions, StrOrPath
 from .._core._process import Process
-from .._core._run import drain, feed
 from .._core._stdio import DEVNULL, PIPE
 from .._core._token import LoopToken
-from .._logs._hub import LogHub, routes_of
-from .._logs._router import Route
+from .._logs._route import Route
 from .._results import CompletedProcess, LaunchResult
-from .._scaleout import LaunchOptions, LaunchSpec
-from .._sys._lifeline import Lifeline
+from .._scaleout import LaunchOptions, LaunchSpec, check_launch_name
 from .._sys._proc import ResourceUsage
-from ._children import Children
 from ._options import RunnerOptions, RunnerSpec
-from ._scope import Scope
 
 if TYPE_CHECKING:
     from .._launch._context import LaunchContext
@@ -81,6 +77,13 @@ class Runner:
     @with_keywords(RunnerSpec)
     def __init__(self, **options: Unpack[RunnerOptions]) -> None:
         spec = RunnerSpec.of(options, "Runner").checked()
+        # What a runner is made of loads with the first one: a program that names the
+        # runner (its signatures, its options) and never opens one loads none of it.
+        from .._logs._hub import LogHub, routes_of
+        from .._sys._lifeline import Lifeline
+        from ._children import Children
+        from ._scope import Scope
+
         name = spec.name
         self._name = name
         self._grace = spec.grace
@@ -121,6 +124,8 @@ class Runner:
         )
         if self._monitor is not None:
             self._children.add_observer(self._monitor.process_event)
+        #: The names of the launches under way ("": the one without a name).
+        self._launches: set[str] = set()
 
     # -- properties -------------------------------------------------------------------
 
@@ -343,6 +348,8 @@ class Runner:
             stdin = PIPE
         self.token.check("Runner.run")
         self._check_open()
+        from .._core._run import drain, feed  # (loaded with the runner's children)
+
         # Built on start() as anyio.run_process is on open_process: feed, drain, wait.
         proc = await self._children.start(opts.replace(check=False, stdin=stdin).checked(argv))
         out: list[bytes] = []
@@ -439,6 +446,13 @@ class Runner:
             process_group_timeout: its ``timeout``, in seconds.
             master_addr, master_port: the ``MASTER_ADDR`` and ``MASTER_PORT``
                 every worker sees, instead of corral's choice.
+            name: the launch's name: its sources are then
+                ``<runner>.<name>.agent-<i>.worker-<j>`` (the console's
+                prefixes, the log files, the monitor's rows), so that launches
+                under way at once are told apart.  Without it, a launch has no
+                name of its own unless another is under way in this runner:
+                it is then numbered, ``launch-2``, ``launch-3``...  Two
+                launches under way may not share a name.
 
         Raises:
             TypeError, ValueError: bad arguments (an empty host list, a wrong
@@ -460,7 +474,11 @@ class Runner:
         from .._launch import _launcher  # on first use: no cloudpickle, no agent code before
 
         self._scope.protect()
-        return await _launcher.launch(self._launch_context(), spec, func, args)
+        spec = self._named(spec)
+        try:
+            return await _launcher.launch(self._launch_context(), spec, func, args)
+        finally:
+            self._launches.discard(spec.name or "")
 
     @with_keywords(LaunchSpec)
     async def launch_command(
@@ -486,13 +504,33 @@ class Runner:
         from .._launch import _launcher
 
         self._scope.protect()
-        return await _launcher.launch(
-            self._launch_context(),
-            spec,
-            None,
-            (),
-            argv=[os.fspath(a) for a in argv] if not isinstance(argv, (str, bytes)) else argv,
-        )
+        spec = self._named(spec)
+        try:
+            return await _launcher.launch(
+                self._launch_context(),
+                spec,
+                None,
+                (),
+                argv=[os.fspath(a) for a in argv] if not isinstance(argv, (str, bytes)) else argv,
+            )
+        finally:
+            self._launches.discard(spec.name or "")
+
+    def _named(self, spec: LaunchSpec) -> LaunchSpec:
+        """``spec`` with the launch's name in this runner (see :meth:`launch`), now taken."""
+        if spec.name is None:
+            name, number = "", 1
+            while name in self._launches:
+                number += 1
+                name = f"launch-{number}"
+        else:
+            name = check_launch_name(spec.name)
+            if name in self._launches:
+                raise ValueError(
+                    f"a launch named {name!r} is under way in this runner: give another name"
+                )
+        self._launches.add(name)
+        return dataclasses.replace(spec, name=name or None)
 
     def _launch_context(self) -> LaunchContext:
         return self._scope.launch_context(self.start, self._hub.forwarder(), self._grace)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -27,6 +28,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The event loops of ``backend=``; any other name is a launch's process group (torchrunx's).
 _BACKENDS = ("asyncio", "trio")
+
+#: The runners' names of the :func:`launch` calls under way that were not given one: the
+#: first is ``corral``, one made while it runs ``corral-2``, and so on, so that calls made at
+#: once (from a thread pool) do not share their sources' names.
+_UNNAMED: set[str] = set()
+_UNNAMED_LOCK = threading.Lock()
+
+
+def _take_name() -> str:
+    with _UNNAMED_LOCK:
+        name, number = "corral", 1
+        while name in _UNNAMED:
+            number += 1
+            name = f"corral-{number}"
+        _UNNAMED.add(name)
+        return name
+
+
+def _give_back(name: str) -> None:
+    with _UNNAMED_LOCK:
+        _UNNAMED.discard(name)
 
 
 def _keywords(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
@@ -331,8 +353,11 @@ def launch(
         options: the keywords of :func:`open_runner` (``name``, ``grace``,
             ``console``, ``log_dir``...) and of :meth:`Runner.launch`
             (``hosts``, ``workers_per_host``, ``extra_env``, ``ssh``,
-            ``start_timeout``...); ``grace`` is the runner's, which the launch
-            inherits.
+            ``start_timeout``...); ``grace`` and ``name`` are the runner's,
+            which the launch inherits.  Without ``name``, the runner is
+            ``corral``, or ``corral-2``, ``corral-3``... while other calls
+            without one are under way (from other threads), so that their
+            lines, log files and monitors are told apart.
     """
     loop = "asyncio"
     runner_keywords = _keywords(open_runner)
@@ -349,12 +374,18 @@ def launch(
         if launch_options.get("hosts") is not None:
             raise TypeError("give hosts or hostnames (its torchrunx spelling), not both")
         launch_options["hosts"] = _from_hostnames(hostnames)
+    taken = None
+    if "name" not in runner_options:
+        taken = runner_options["name"] = _take_name()
     try:
         with SyncRunner(loop, runner_options) as r:
             return r.launch(func, *args, **launch_options)
     except BaseException as exc:
         hide_internal_frames(exc)
         raise
+    finally:
+        if taken is not None:
+            _give_back(taken)
 
 
 def _from_hostnames(hostnames: Sequence[str] | str) -> Sequence[str] | str | None:

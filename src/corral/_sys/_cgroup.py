@@ -36,7 +36,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
 import shlex
 import signal
 from dataclasses import dataclass
@@ -115,6 +114,8 @@ class Cgroup:
     @classmethod
     def create(cls, runner: str) -> Cgroup:
         """Make a new cgroup under this process's own; :class:`CgroupUnavailable` if impossible."""
+        import secrets  # (with the first cgroup: it loads hashlib)
+
         parent, own = find_hierarchy()
         name = f"corral.{runner}.{os.getpid()}.{secrets.token_hex(4)}"
         path = os.path.join(parent, name)
