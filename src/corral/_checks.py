@@ -21,7 +21,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 __all__ = [
+    "DEFAULT_LINK_TIMEOUT",
     "MAX_NAME",
+    "MAX_WORKERS",
+    "MAX_WORKERS_PER_HOST",
     "check_argv",
     "check_globs",
     "check_grace",
@@ -40,6 +43,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The longest name a runner or process may have.
 MAX_NAME: Final = 100
+
+# A launch's sizes and its link's deadline: the launch's record (corral._scaleout) names them,
+# and the command line shows them in its help, which loads none of the launch's code.
+
+#: The most workers of a launch on one host (``workers_per_host``; the
+#: command line's ``-n`` and ``-c``): each is a process there, with its
+#: descriptors here.
+MAX_WORKERS_PER_HOST: Final = 4096
+#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
+MAX_WORKERS: Final = 65536
+#: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
+DEFAULT_LINK_TIMEOUT: Final = 5.0
 
 _NAME_OK = re.compile(r"[^\s/\\\0]+")
 

@@ -1,4 +1,5 @@
-"""What a run and a launch return: :class:`CompletedProcess` and :class:`LaunchResult`."""
+"""What a run and a launch return: :class:`CompletedProcess` and :class:`LaunchResult`; how a
+run ended, in one word (:func:`end_state`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Generic, TypeVar, overload
 
 from ._errors import ProcessFailed
 
-__all__ = ["CompletedProcess", "LaunchResult"]
+__all__ = ["CompletedProcess", "LaunchResult", "end_state"]
 
 T = TypeVar("T")
 
@@ -107,3 +108,15 @@ class LaunchResult(Sequence[T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"LaunchResult({self._values!r})"
+
+
+def end_state(returncode: int, stop_requested: bool) -> str:
+    """How a run of a process ended, in the words of the monitor, its page and the command.
+
+    ``"stopped"`` when its owner stopped it (corral, after another's failure,
+    a signal or the end of its scope; whatever it exited with), else
+    ``"exited"`` for code 0 and ``"failed"`` for its own failure.
+    """
+    if stop_requested:
+        return "stopped"
+    return "exited" if returncode == 0 else "failed"

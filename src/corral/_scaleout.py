@@ -29,7 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
-from ._checks import (
+from ._checks import (  # the sizes and the link's deadline: said there, named here too
+    DEFAULT_LINK_TIMEOUT,
+    MAX_WORKERS,
+    MAX_WORKERS_PER_HOST,
     check_globs,
     check_grace,
     check_host,
@@ -59,22 +62,12 @@ __all__ = [
 
 #: Seconds agents get to start and dial back, unless ``start_timeout`` says otherwise.
 DEFAULT_START_TIMEOUT = 60.0
-#: Seconds a link may stay silent before it counts as cut, unless ``link_timeout`` says otherwise.
-DEFAULT_LINK_TIMEOUT: Final = 5.0
 #: The process-group backends of a launch's ``backend=`` (torchrunx's, torch's), and "auto".
 PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc", "xccl", "auto")
 #: What the ``backend=`` of a blocking runner names instead: its event loop.
 EVENT_LOOPS: Final = ("asyncio", "trio")
 #: Seconds of the process group's timeout (``backend=``): torchrunx's ``worker_timeout``.
 DEFAULT_PROCESS_GROUP_TIMEOUT = 600.0
-
-
-#: The most workers of a launch on one host (``workers_per_host``; the
-#: command line's ``-n`` and ``-c``): each is a process there, with its
-#: descriptors here.
-MAX_WORKERS_PER_HOST: Final = 4096
-#: The most workers of a launch, all hosts together (``WORLD_SIZE``).
-MAX_WORKERS: Final = 65536
 
 
 @dataclass(frozen=True)

@@ -876,7 +876,8 @@ def test_the_worker_entry_point_loads_no_event_loop() -> None:
 
 def test_corral_help_loads_no_runner_and_no_event_loop() -> None:
     """``corral --help`` lists the commands from their definitions alone: the runner, the
-    console, the status table and the monitor load only once a command runs (issue 26.6)."""
+    console, the status table, the monitor, a launch's record and hosts, and :mod:`logging`
+    load only once a command runs (issue 26.6, issue 30.7)."""
     code = (
         "import contextlib, io\n"
         "from corral._cli._main import main\n"
@@ -886,20 +887,31 @@ def test_corral_help_loads_no_runner_and_no_event_loop() -> None:
         "    except SystemExit:\n"
         "        pass"
     )
-    loaded = _loaded_after(code)
+    loaded = _loaded_after(code, also=("logging",))
     assert "corral._cli._up" in loaded  # the commands were listed
     loops = {m for m in loaded if m.split(".")[0] in ("asyncio", "trio", "websockets")}
     assert not loops, loops
+    assert "logging" not in loaded
     runner = (
         "corral._core",
         "corral._runner",
         "corral._monitor",
+        "corral._launch",
+        "corral._scaleout",
         "corral._logs._console",
         "corral._cli._loop",
         "corral._cli._status",
         "corral._cli._console",
     )
     assert not {m for m in loaded if m.startswith(runner)}, loaded
+
+
+def test_the_commands_loop_loads_no_monitor_code() -> None:
+    """What ``corral run`` and ``corral up`` load before their runner (the loop, the status
+    table, the console) loads none of the monitor, which loads with ``--monitor`` only."""
+    loaded = _loaded_after("import corral._cli._loop, corral._cli._up, corral._cli._run")
+    assert "corral._cli._status" in loaded
+    assert not {m for m in loaded if m.startswith("corral._monitor")}, loaded
 
 
 def test_a_runner_loads_no_launch_and_no_monitor_code() -> None:

@@ -12,6 +12,7 @@ found, except the optional ones below: a test that uses one of those skips where
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import json
 import os
@@ -147,10 +148,13 @@ def test_the_venv_holds_the_extras_and_not_the_rest() -> None:
     assert "torch" not in closure
 
 
-def programs_needing_optional() -> set[str]:
+@functools.cache
+def programs_needing_optional() -> frozenset[str]:
     """The programs of ``tests/programs/`` that import an optional module."""
     pattern = re.compile(rf"^\s*(import|from) ({'|'.join(OPTIONAL)})\b", re.MULTILINE)
-    return {p.stem for p in (TESTS / "programs").glob("*.py") if pattern.search(p.read_text())}
+    return frozenset(
+        p.stem for p in (TESTS / "programs").glob("*.py") if pattern.search(p.read_text())
+    )
 
 
 def uses(node: ast.AST, names: set[str]) -> bool:

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .._checks import MAX_NAME, check_seconds, is_text
-from .._scaleout import MAX_WORKERS_PER_HOST
+from .._checks import MAX_NAME, MAX_WORKERS_PER_HOST, check_seconds, is_text
 from ._io import shorten
 
 _F = TypeVar("_F", bound=Callable[..., Any])

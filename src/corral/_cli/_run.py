@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import uuid
@@ -13,9 +12,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import click
 
-from .._checks import is_text
-from .._launch._hosts import workers_here
-from .._scaleout import DEFAULT_LINK_TIMEOUT, MAX_WORKERS
+from .._checks import DEFAULT_LINK_TIMEOUT, MAX_WORKERS, is_text
 from ._group import (
     CONTEXT,
     MAX_COPIES,
@@ -64,6 +61,8 @@ class _Nproc(click.ParamType[int]):
             return value
         text = str(value).strip()
         if text in ("auto", "cpu", "gpu"):
+            from .._launch._hosts import workers_here  # (not for --help)
+
             try:
                 return workers_here(text)
             except ValueError as exc:
@@ -526,6 +525,8 @@ class _RunJob:
         return f"{count} worker{'s' if count != 1 else ''}{where}"
 
     async def __call__(self, r: Runner, status: Status) -> int:
+        import logging
+
         import corral
 
         from .._core._options import ProcessOptions, RestartPolicy

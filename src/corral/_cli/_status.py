@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .._monitor._server import end_state
+from .._results import end_state
 
 if TYPE_CHECKING:
     from corral import Process, ResourceUsage

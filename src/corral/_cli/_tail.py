@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -26,6 +25,8 @@ from ._io import (
 )
 
 if TYPE_CHECKING:
+    import logging
+
     from corral import ConsoleHandler
 
 __all__ = ["MAX_TAIL_MESSAGE", "tail", "websocket_url"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -162,6 +161,8 @@ class _UpJob:
         return f"{count} process{'es' if count != 1 else ''}"
 
     async def __call__(self, r: Runner, status: Status) -> int:
+        import logging  # (loaded with the runner: not for --help)
+
         for notice in self.plan.notices:
             r.log(logging.WARNING, notice)
 

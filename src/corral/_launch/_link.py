@@ -11,19 +11,23 @@ array whose first element names the message.  The connection is versioned
 carries a secret made for this launch, compared in constant time).
 
 **Before the secret is checked** (:func:`read_hello`), a connection may send
-one frame, the hello, of at most :data:`MAX_HELLO` bytes (4 KiB), whole within
-:data:`HELLO_TIMEOUT` seconds (5 s) of being accepted, and nothing is read
-after it.  Anything else is closed at once, and of :data:`MAX_PENDING_HELLOS`
-(64) connections waiting for their hello the oldest is closed when another
-comes: a stranger costs a few KiB and a descriptor, for a few seconds.  The
-1 GiB frames of a link (:data:`MAX_LINK_FRAME`) come only after the hello.
+one frame, the hello, of at most :data:`MAX_HELLO` bytes (4 KiB), and must
+send it whole within :data:`HELLO_TIMEOUT` seconds (5 s) of being accepted;
+the listener reads exactly that frame and nothing after it.  A longer length
+prefix, anything that is not a hello, or a hello that is late is closed at
+once, and of :data:`MAX_PENDING_HELLOS` (64) connections still waiting for
+their hello the one that has waited longest is closed when another comes, so
+that strangers cost the launcher at most a few KiB and a few descriptors
+each, for a few seconds: the 1 GiB frames of an authenticated link (:data:`MAX_LINK_FRAME`)
+are allowed only once the hello was accepted.
 
 **The link has a deadline** (:class:`Link`).  A TCP connection with no
 traffic does not notice a pulled cable, so once the hello is accepted each
 side sends a :class:`Heartbeat` every ``link_timeout / 4`` seconds
 (:func:`heartbeat_interval`), and each side counts the link as cut when it
 has been waiting for ``link_timeout`` seconds (5 s by default,
-:data:`~corral._scaleout.DEFAULT_LINK_TIMEOUT`; ``link_timeout=`` of :meth:`Runner.launch`)
+:data:`~corral._scaleout.DEFAULT_LINK_TIMEOUT`; ``link_timeout=`` of
+:meth:`Runner.launch`)
 without a single byte arriving.  (Bytes, not frames: a large frame that is
 still arriving keeps the link alive.  Time spent handling what arrived does
 not count: a side that is busy is not silent.)  A link that is cut, closed or
@@ -32,11 +36,13 @@ broken ends the same way on both sides: the agent stops its workers at once
 lost, which fails the launch (:class:`corral.LaunchError` naming the host)
 and stops every other host's workers.
 
-**The link ends without a reset** (:meth:`Link.close`).  The agent ends a link
-that served its purpose: end-of-stream after its last message, then it drops
-what comes (heartbeats) until the launcher has read all and closed too.  Closing
-a TCP connection with unread bytes makes the kernel reset it, which throws away
-what the other side had not read yet: the agent's last lines, its ``AgentDone``.
+**The link ends without a reset** (:meth:`Link.close`).  The agent is the side
+that ends a link that served its purpose: it says end-of-stream after its last
+message and reads on, dropping what comes (heartbeats), until the launcher has
+read everything and closed its side too.  Closing a TCP connection that still
+holds unread bytes (a heartbeat that came meanwhile) makes the kernel reset it
+instead, and a reset throws away what the other side had not read yet: the
+agent's last log lines and its ``AgentDone``.
 
 Only these messages ever carry pickles — the function and its arguments, a
 worker's return value, a worker's exception — and only after the hello was
@@ -60,30 +66,39 @@ Agent to launcher:
 ``Records``
     :mod:`logging` records of one worker, as the log wire format's records.
 ``ResultPart`` / ``WorkerResult``
-    a worker's return value, pickled: in parts of :data:`PART_SIZE` bytes,
-    the last one the ``WorkerResult``.  Nothing else (a heartbeat, a line)
-    waits behind a large result longer than a part takes, and the launcher
-    unpickles it as its parts come (:mod:`corral._launch._coordinator`).
+    a worker's return value, pickled.  A pickle of more than
+    :data:`PART_SIZE` bytes goes as ``ResultPart`` frames of that size,
+    then its last piece as the ``WorkerResult``: no frame of the link is
+    ever much bigger than that, so nothing else (a heartbeat, a log line)
+    waits behind a large result for longer than one part takes, and the
+    receiver unpickles the value as its parts come (see
+    :mod:`corral._launch._coordinator`) instead of holding the whole
+    pickle and the value at once.
 ``WorkerError``
     a worker's exception (pickled if it survives a round trip, else boxed:
     type name, message, traceback text).
 ``WorkerExit``
-    a worker has exited (return code, stderr tail, what its error file says).
+    a worker's process has exited (return code, stderr tail, and what its
+    error file says, if it wrote one).
 ``Usage``
-    what each running worker costs (CPU, memory, GPU memory of its tree), once
-    a second, when the launcher's runner samples its own children.
+    what each running worker costs (CPU, memory, GPU memory of its tree),
+    about once a second, when the launcher's runner samples its own children.
 ``Stopping``
-    the agent stops its workers on its own, and says why (its ssh client is gone).
+    the agent stops its workers on its own, and says why (under ssh: its
+    standard input, the ssh client's pipe, was closed).
 ``AgentDone``
-    every worker of the agent has been reaped (after its job, or a ``Stop``).
+    every worker of the agent has been reaped: after its job, or in answer
+    to ``Stop``.
 
 Launcher to agent:
 
 ``Job``
-    what to run (a pickled function and its arguments, or a command line) and
-    how: ranks, world, master address and port, environment, grace period.
+    what to run — a pickled function and its arguments, or a command line —
+    and how: ranks, world, master address and port, environment, grace
+    period.
 ``Stop``
-    stop every worker now (stop signal, grace, SIGKILL), then say ``AgentDone``.
+    stop every worker now (stop signal, grace, SIGKILL) and report
+    ``AgentDone``.
 """
 
 from __future__ import annotations
@@ -492,10 +507,13 @@ class Link:
                 return kept  # type: ignore[return-value]
 
     async def close(self) -> None:
-        """End the link once the other side has read all of it (see the module's docs).
+        """End the link from this side once the other side has read all of it.
 
-        Says end-of-stream, then drops what still comes until the other side
-        closes too, or the link is lost by its usual rules.  Stop :meth:`beat` first.
+        Says end-of-stream (after any frame being sent), then reads and drops
+        what still comes until the other side closes too, or the link is lost
+        by its usual rules (silence past the deadline, a reset): see the
+        module's docs for why a plain close can lose this side's last
+        messages.  Stop :meth:`beat` first: nothing may be sent after this.
         """
         if self._lost is not None:
             return
@@ -509,8 +527,10 @@ class Link:
     async def beat(self) -> None:
         """Send a heartbeat every :func:`heartbeat_interval` seconds until the link is gone.
 
-        It is also this side's clock (:meth:`_own_stall`): on a schedule, never
-        waiting on a send itself, so that after any stop its next wake-up is overdue.
+        The beat is also this side's clock (see :meth:`_own_stall`): it keeps a
+        schedule and never waits on a send itself (a heartbeat still on its way
+        when the next is due is not doubled), so that whenever this process is
+        stopped, the beat's next wake-up is already overdue when it runs again.
         """
         import anyio
 
@@ -520,9 +540,12 @@ class Link:
 
         async def send() -> None:
             nonlocal sending
-            with contextlib.suppress(LinkLost):
+            try:
                 await self.send(frame)
-            sending = False
+            except LinkLost:
+                pass
+            finally:
+                sending = False
 
         async with anyio.create_task_group() as tg:
             due = anyio.current_time() + interval

@@ -26,6 +26,7 @@ import anyio.to_thread
 import msgspec
 
 from .._logs._records import level_number
+from .._results import end_state
 from ._clients import Client, MonitorSink
 from ._rows import JSON
 
@@ -41,7 +42,6 @@ __all__ = [
     "Joined",
     "Monitor",
     "bound_send_buffer",
-    "end_state",
     "check_origins",
     "parse_address",
     "parse_origin",
@@ -168,18 +168,6 @@ _TEXT: Final = "text/plain; charset=utf-8"
 #: The query parameter by which the page asks whether its origin would be let in (the
 #: browser sends no ``Origin`` header with a plain ``GET`` of its own site).
 _PROBE: Final = "check_origin"
-
-
-def end_state(returncode: int, stop_requested: bool) -> str:
-    """How a run of a process ended, in the words of the monitor, its page and the command.
-
-    ``"stopped"`` when its owner stopped it (corral, after another's failure,
-    a signal or the end of its scope; whatever it exited with), else
-    ``"exited"`` for code 0 and ``"failed"`` for its own failure.
-    """
-    if stop_requested:
-        return "stopped"
-    return "exited" if returncode == 0 else "failed"
 
 
 def run_status(returncode: int) -> int:
